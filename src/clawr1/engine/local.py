@@ -1,0 +1,415 @@
+"""The local engine: PyTorch + transformers (+ peft), continuous batching on one scheduler thread.
+
+One thread owns the model. Callers on the asyncio side submit work through a command queue and
+read results from per-request asyncio queues, so the event loop never runs a forward pass.
+Each loop iteration: run queued commands (adapter loads, scores), admit waiting requests (batch-1
+prefill, then join the running batch), and decode one token for every running sequence. A
+request never waits for another to finish, only for a free slot when `max_batch` are running.
+
+Adapters are peft LoRA modules named `<name>@<version>`; a batch mixes them per row through
+peft's `adapter_names` (`__base__` = adapter disabled). A swap loads the new version beside the
+old, then flips the name -> version map under a lock: requests already submitted keep the
+version they resolved, new ones get the new one, and the old version is deleted when no request
+holds it any more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import queue
+import random
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from clawr1.core.config import EngineConfig
+from clawr1.core.types import (
+    AdapterError,
+    ContextLengthError,
+    EngineFailure,
+    EngineOverloadedError,
+    Generation,
+    InvalidRequestError,
+    ParsedCompletion,
+    SamplingParams,
+    TokenEvent,
+    UnknownAdapterError,
+)
+from clawr1.engine import adapters as store
+from clawr1.engine.batch import KVBatch, sample
+from clawr1.engine.chat import ChatFormat
+
+log = logging.getLogger(__name__)
+BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(eq=False)
+class _Request:
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    max_tokens: int
+    key: str  # peft adapter name, or BASE
+    gen: Generation
+    loop: asyncio.AbstractEventLoop
+    out: asyncio.Queue
+    generator: torch.Generator
+    cancelled: bool = False
+    emitted: int = 0  # characters of visible text already streamed
+    last_token: int = -1
+    submitted: float = field(default_factory=time.perf_counter)
+
+    def send(self, item: Any) -> None:
+        self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+
+
+class LocalStream:
+    """Async iterator over a request's TokenEvents; `final()` returns the Generation."""
+
+    def __init__(self, request: _Request):
+        self._request = request
+        self.generation: Generation | None = None
+
+    def __aiter__(self) -> LocalStream:
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        if self.generation is not None:
+            raise StopAsyncIteration
+        item = await self._request.out.get()
+        if isinstance(item, BaseException):
+            raise item
+        if isinstance(item, Generation):
+            self.generation = item
+            raise StopAsyncIteration
+        return item
+
+    async def final(self) -> Generation:
+        async for _ in self:
+            pass
+        assert self.generation is not None
+        return self.generation
+
+    def cancel(self) -> None:
+        """Stop generating; the Generation finishes with `finish_reason="aborted"`."""
+        self._request.cancelled = True
+
+
+class LocalEngine:
+    """Serves one HF causal LM on this machine. Build with `LocalEngine.load(path, config)`."""
+
+    def __init__(self, model: Any, tokenizer: Any, config: EngineConfig):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.chat = ChatFormat(tokenizer)
+        self.max_context = config.max_context or int(getattr(model.config, "max_position_embeddings", 2048))
+        eos = {tokenizer.eos_token_id, *_as_list(getattr(model.generation_config, "eos_token_id", None))}
+        self.eos_ids = frozenset(i for i in eos if i is not None)
+        self._base = model.eval()
+        self._model = self._base
+        self._peft: Any = None
+        self._adapters: dict[str, tuple[str, int]] = {}  # name -> (peft key, version)
+        self._retired: set[str] = set()
+        self._lock = threading.Lock()
+        self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
+        self._waiting: collections.deque[_Request] = collections.deque()
+        self._running: list[_Request] = []
+        self._batch = KVBatch(self._base.device)
+        self._pending = 0  # submitted but not yet finished, for backpressure
+        self._seeds = random.Random()
+        self._closed = False
+        self.stats = collections.Counter()
+        self._thread = threading.Thread(target=self._run, name="clawr1-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def load(cls, path: Path, config: EngineConfig) -> LocalEngine:
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[config.dtype]).to(config.device)
+        return cls(model, tokenizer, config)
+
+    # ---- the contract -------------------------------------------------------------------
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        return self.chat.render(messages, tools)
+
+    def parse(self, text: str) -> ParsedCompletion:
+        return self.chat.parse(text)
+
+    def generate(self, prompt_ids: list[int], sampling: SamplingParams, adapter: str | None = None) -> LocalStream:
+        """Start a generation. Bad input raises here, before anything streams."""
+        self._check_prompt(prompt_ids)
+        room = self.max_context - len(prompt_ids)
+        if room < 1:
+            raise ContextLengthError(
+                f"the prompt has {len(prompt_ids)} tokens; this model's context is {self.max_context} "
+                "and at least one completion token must fit", "messages")
+        if self._pending >= self.config.max_queue + self.config.max_batch:
+            raise EngineOverloadedError(f"the engine has {self._pending} requests in flight; retry shortly")
+        key, version = self._resolve(adapter)
+        seed = sampling.seed if sampling.seed is not None else self._seeds.getrandbits(63)
+        loop = asyncio.get_running_loop()
+        request = _Request(
+            prompt_ids=list(prompt_ids), sampling=sampling, max_tokens=min(sampling.max_tokens, room), key=key,
+            gen=Generation(prompt_ids=list(prompt_ids), adapter=adapter, version=version,
+                           temperature=sampling.scoring_temperature),
+            loop=loop, out=asyncio.Queue(), generator=torch.Generator().manual_seed(seed),
+        )
+        with self._lock:
+            self._pending += 1
+        self._commands.put(lambda: self._waiting.append(request))
+        return LocalStream(request)
+
+    async def score(self, prompt_ids: list[int], completion_ids: list[int], adapter: str | None = None,
+                    temperature: float = 1.0) -> list[float]:
+        """Teacher-forced logprob of each completion token given the prompt (and what precedes it)."""
+        self._check_prompt(prompt_ids)
+        if not completion_ids:
+            raise InvalidRequestError("completion_ids must not be empty", "completion_ids")
+        if len(prompt_ids) + len(completion_ids) > self.max_context:
+            raise ContextLengthError(f"prompt + completion exceed the context of {self.max_context} tokens")
+        if not 0 < temperature <= 2:
+            raise InvalidRequestError(f"temperature must be in (0, 2], got {temperature}", "temperature")
+        key, _ = self._resolve(adapter)
+        return await self._call(lambda: self._score(prompt_ids, completion_ids, key, temperature))
+
+    async def load_adapter(self, name: str, path: Path) -> int:
+        """Load a published adapter directory under `name`; returns its version. Atomic swap."""
+        meta = store.read_marker(Path(path))
+        version = int(meta["version"])
+        await self._call(lambda: self._load(name, Path(path), version))
+        return version
+
+    async def unload_adapter(self, name: str) -> None:
+        with self._lock:
+            if name not in self._adapters:
+                raise UnknownAdapterError(f"adapter {name!r} is not loaded", "model")
+            key, _ = self._adapters.pop(name)
+        await self._call(lambda: self._retire(key))
+
+    def adapters(self) -> dict[str, int]:
+        with self._lock:
+            return {name: version for name, (_, version) in self._adapters.items()}
+
+    async def close(self) -> None:
+        self._closed = True
+        self._commands.put(lambda: None)
+        await asyncio.to_thread(self._thread.join)
+
+    # ---- helpers on the caller's side ---------------------------------------------------
+    def _check_prompt(self, prompt_ids: list[int]) -> None:
+        if not prompt_ids:
+            raise InvalidRequestError("the prompt is empty", "prompt")
+        vocab = self._base.config.vocab_size
+        if any(not isinstance(t, int) or t < 0 or t >= vocab for t in prompt_ids):
+            raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab})", "prompt")
+
+    def _resolve(self, adapter: str | None) -> tuple[str, int]:
+        if adapter is None:
+            return BASE, 0
+        with self._lock:
+            if adapter not in self._adapters:
+                raise UnknownAdapterError(f"adapter {adapter!r} is not loaded (loaded: {sorted(self._adapters)})", "model")
+            return self._adapters[adapter]
+
+    async def _call(self, fn: Callable[[], Any]) -> Any:
+        future: Future = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # delivered to the awaiting caller, not swallowed
+                future.set_exception(exc)
+
+        self._commands.put(run)
+        return await asyncio.wrap_future(future)
+
+    # ---- the scheduler thread -----------------------------------------------------------
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while not self._closed:
+                self._drain(block=not (self._running or self._waiting))
+                try:
+                    self._admit()
+                    if self._running:
+                        self._step()
+                except Exception as exc:  # a failed forward fails its requests, not the engine
+                    log.exception("engine step failed; failing %d running requests", len(self._running))
+                    for request in self._running:
+                        request.send(EngineFailure(f"engine step failed: {type(exc).__name__}: {exc}"))
+                    self._running, self._batch = [], KVBatch(self._base.device)
+                    with self._lock:
+                        self._pending = len(self._waiting)
+                self._collect_retired()
+        for request in self._running + list(self._waiting):
+            request.cancelled = True
+            self._finish(request, "aborted")
+
+    def _drain(self, block: bool) -> None:
+        """Run queued commands; wait for one only when there is nothing to decode."""
+        try:
+            command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        command()
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            command()
+
+    def _forward(self, keys: list[str], **kwargs: Any) -> Any:
+        if self._peft is not None:
+            kwargs["adapter_names"] = keys
+        return self._model(use_cache=True, **kwargs)
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._running) < self.config.max_batch:
+            request = self._waiting.popleft()
+            if request.cancelled:
+                self._finish(request, "aborted")
+                continue
+            ids = torch.tensor([request.prompt_ids], device=self._base.device)
+            cache = DynamicCache()
+            out = self._forward([request.key], input_ids=ids, cache=cache, logits_to_keep=1,
+                                position_ids=torch.arange(ids.shape[1], device=ids.device)[None])
+            self.stats["prefill_tokens"] += ids.shape[1]
+            self._batch.add(cache, ids.shape[1])
+            self._running.append(request)
+            self._accept(request, out.logits[0, -1].float())
+        self._drop_finished()
+
+    def _step(self) -> None:
+        mask, positions = self._batch.step_inputs()
+        ids = torch.tensor([[r.last_token] for r in self._running], device=self._base.device)
+        out = self._forward([r.key for r in self._running], input_ids=ids, attention_mask=mask,
+                            position_ids=positions, cache=self._batch.cache)
+        self.stats["decode_steps"] += 1
+        self.stats["decode_tokens"] += len(self._running)
+        logits = out.logits[:, -1].float()
+        for row, request in enumerate(self._running):
+            if not request.cancelled:
+                self._accept(request, logits[row])
+        self._drop_finished()
+
+    def _accept(self, request: _Request, logits: torch.Tensor) -> None:
+        """Append one sampled token, stream its visible text, and finish the request if done."""
+        s = request.sampling
+        token, logprob = sample(logits, s.temperature, s.top_p, request.generator)
+        gen = request.gen
+        gen.token_ids.append(token)
+        gen.logprobs.append(logprob)
+        request.last_token = token
+        if token in self.eos_ids:
+            request.send(TokenEvent(token, logprob, ""))
+            return self._finish(request, "stop")
+        gen.text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+        for stop in s.stop:
+            if stop in gen.text:
+                gen.stop_match = stop
+                request.send(TokenEvent(token, logprob, self._flush(request)))
+                return self._finish(request, "stop")
+        if len(gen.token_ids) >= request.max_tokens:
+            request.send(TokenEvent(token, logprob, self._flush(request)))
+            return self._finish(request, "length")
+        request.send(TokenEvent(token, logprob, self._visible_delta(request)))
+
+    def _visible_delta(self, request: _Request) -> str:
+        """New text that is safe to show: no half UTF-8 character, no possible stop prefix."""
+        text = request.gen.text
+        end = len(text.rstrip("\ufffd"))
+        for stop in request.sampling.stop:
+            for n in range(min(len(stop) - 1, end), 0, -1):
+                if text[end - n:end] == stop[:n]:
+                    end = min(end, len(text) - n)
+                    break
+        delta = text[request.emitted:end] if end > request.emitted else ""
+        request.emitted = max(request.emitted, end)
+        return delta
+
+    def _flush(self, request: _Request) -> str:
+        content = request.gen.content
+        delta = content[request.emitted:]
+        request.emitted = len(content)
+        return delta
+
+    def _finish(self, request: _Request, reason: str) -> None:
+        if request.gen.finish_reason is None:
+            request.gen.finish_reason = "aborted" if request.cancelled else reason
+            with self._lock:
+                self._pending -= 1
+            request.send(request.gen)
+
+    def _drop_finished(self) -> None:
+        for request in self._running:
+            if request.cancelled:
+                self._finish(request, "aborted")
+        keep = [i for i, r in enumerate(self._running) if r.gen.finish_reason is None]
+        if len(keep) != len(self._running):
+            self._batch.keep(keep)
+            self._running = [self._running[i] for i in keep]
+
+    def _score(self, prompt_ids: list[int], completion_ids: list[int], key: str, temperature: float) -> list[float]:
+        ids = torch.tensor([prompt_ids + completion_ids], device=self._base.device)
+        out = self._forward([key], input_ids=ids, cache=DynamicCache())
+        logits = out.logits[0, len(prompt_ids) - 1:-1].float() / temperature
+        logp = torch.log_softmax(logits, dim=-1)
+        target = torch.tensor(completion_ids, device=logp.device)
+        return logp.gather(1, target[:, None]).squeeze(1).tolist()
+
+    def _load(self, name: str, path: Path, version: int) -> None:
+        from peft import PeftModel
+
+        key = f"{name}@{version}"
+        with self._lock:
+            current = self._adapters.get(name)
+        if current and current[0] == key:
+            return
+        try:
+            if self._peft is None:
+                self._peft = PeftModel.from_pretrained(self._base, path, adapter_name=key, is_trainable=False)
+                self._model = self._peft
+            else:
+                self._peft.load_adapter(path, adapter_name=key, is_trainable=False)
+        except (ValueError, KeyError, RuntimeError, OSError) as exc:
+            raise AdapterError(f"cannot load adapter {name} v{version} from {path}: {exc}") from exc
+        with self._lock:
+            old = self._adapters.get(name)
+            self._adapters[name] = (key, version)
+        self.stats["adapter_swaps"] += 1
+        if old:
+            self._retire(old[0])
+
+    def _retire(self, key: str) -> None:
+        self._retired.add(key)
+        self._collect_retired()
+
+    def _collect_retired(self) -> None:
+        if not self._retired:
+            return
+        held = {r.key for r in self._running} | {r.key for r in self._waiting}
+        for key in [k for k in self._retired if k not in held]:
+            self._retired.discard(key)
+            if len(self._peft.peft_config) == 1:
+                # Last adapter gone: take the LoRA layers out so the base model is exactly restored.
+                self._model = self._base = self._peft.unload()
+                self._peft = None
+            else:
+                self._peft.delete_adapter(key)
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+

