@@ -107,3 +107,31 @@ def test_swap_during_8_concurrent_generations(fresh_engine, tiny_model_dir, tmp_
     for prompt, gen in zip(prompts, gens[:8]):
         scored = run(engine.score(prompt, gen.token_ids, adapter="policy"))
         assert max(abs(a - b) for a, b in zip(gen.logprobs, scored)) <= 1e-3
+
+
+def test_slot_reuse_never_touches_a_version_in_use(fresh_engine, tiny_model_dir, tmp_path):
+    """v2 and v3 arrive while requests still run on v1: v1's slot is never overwritten while held,
+    and once free, later versions are copied into spare slots instead of being injected anew."""
+    engine = fresh_engine
+    versions = {v: make_adapter(tiny_model_dir, tmp_path, v, seed=v) for v in (1, 2, 3)}
+    run(engine.load_adapter("policy", versions[1]))
+
+    async def go():
+        prompts = [engine.render([{"role": "user", "content": f"Tell me about {i}"}]) for i in range(4)]
+        streams = [engine.generate(p, SamplingParams(max_tokens=60, temperature=1.0, seed=i), adapter="policy")
+                   for i, p in enumerate(prompts)]
+        for s in streams:
+            await anext(aiter(s))
+        await engine.load_adapter("policy", versions[2])
+        await engine.load_adapter("policy", versions[3])
+        return prompts, await asyncio.gather(*[s.final() for s in streams])
+
+    prompts, gens = run(go())
+    assert [g.version for g in gens] == [1] * 4
+    assert engine._slots._count == 3  # v1 held, v2 live while v3 loads: three slots needed
+    run(engine.load_adapter("policy", versions[1]))  # now copied into a spare slot
+    for prompt, gen in zip(prompts, gens):
+        scored = run(engine.score(prompt, gen.token_ids, adapter="policy"))
+        assert max(abs(a - b) for a, b in zip(gen.logprobs, scored)) <= 1e-3
+    run(engine.load_adapter("policy", versions[2]))
+    assert engine._slots._count == 3  # no new injection: every later version was a copy

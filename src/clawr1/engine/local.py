@@ -6,11 +6,11 @@ Each loop iteration: run queued commands (adapter loads, scores), admit waiting 
 prefill, then join the running batch), and decode one token for every running sequence. A
 request never waits for another to finish, only for a free slot when `max_batch` are running.
 
-Adapters are peft LoRA modules named `<name>@<version>`; a batch mixes them per row through
-peft's `adapter_names` (`__base__` = adapter disabled). A swap loads the new version beside the
-old, then flips the name -> version map under a lock: requests already submitted keep the
-version they resolved, new ones get the new one, and the old version is deleted when no request
-holds it any more.
+Adapters live in peft "slots" (engine/slots.py); a batch mixes them per row through peft's
+`adapter_names` (`__base__` = adapter disabled). A swap puts the new version into a slot beside
+the old one, then flips the name -> (slot, version) map under a lock: requests already submitted
+keep the slot they resolved, new ones get the new one, and the old slot is released (reused by a
+later version) once no request holds it.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from clawr1.core.config import EngineConfig
 from clawr1.core.types import (
-    AdapterError,
     ContextLengthError,
     EngineFailure,
     EngineOverloadedError,
@@ -46,6 +45,7 @@ from clawr1.core.types import (
 from clawr1.engine import adapters as store
 from clawr1.engine.batch import KVBatch, sample
 from clawr1.engine.chat import ChatFormat
+from clawr1.engine.slots import AdapterSlots
 
 log = logging.getLogger(__name__)
 BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
@@ -114,8 +114,7 @@ class LocalEngine:
         eos = {tokenizer.eos_token_id, *_as_list(getattr(model.generation_config, "eos_token_id", None))}
         self.eos_ids = frozenset(i for i in eos if i is not None)
         self._base = model.eval()
-        self._model = self._base
-        self._peft: Any = None
+        self._slots = AdapterSlots(self._base)
         self._adapters: dict[str, tuple[str, int]] = {}  # name -> (peft key, version)
         self._retired: set[str] = set()
         self._lock = threading.Lock()
@@ -269,9 +268,9 @@ class LocalEngine:
             command()
 
     def _forward(self, keys: list[str], **kwargs: Any) -> Any:
-        if self._peft is not None:
+        if self._slots.peft is not None:
             kwargs["adapter_names"] = keys
-        return self._model(use_cache=True, **kwargs)
+        return self._slots.model(use_cache=True, **kwargs)
 
     def _admit(self) -> None:
         while self._waiting and len(self._running) < self.config.max_batch:
@@ -368,44 +367,31 @@ class LocalEngine:
         return logp.gather(1, target[:, None]).squeeze(1).tolist()
 
     def _load(self, name: str, path: Path, version: int) -> None:
-        from peft import PeftModel
-
-        key = f"{name}@{version}"
         with self._lock:
             current = self._adapters.get(name)
-        if current and current[0] == key:
+        if current and current[1] == version:
             return
-        try:
-            if self._peft is None:
-                self._peft = PeftModel.from_pretrained(self._base, path, adapter_name=key, is_trainable=False)
-                self._model = self._peft
-            else:
-                self._peft.load_adapter(path, adapter_name=key, is_trainable=False)
-        except (ValueError, KeyError, RuntimeError, OSError) as exc:
-            raise AdapterError(f"cannot load adapter {name} v{version} from {path}: {exc}") from exc
+        key = self._slots.load(path)
         with self._lock:
-            old = self._adapters.get(name)
             self._adapters[name] = (key, version)
         self.stats["adapter_swaps"] += 1
-        if old:
-            self._retire(old[0])
+        if current:
+            self._retire(current[0])
 
     def _retire(self, key: str) -> None:
         self._retired.add(key)
         self._collect_retired()
 
     def _collect_retired(self) -> None:
+        """Release retired slots that no request holds any more."""
         if not self._retired:
             return
         held = {r.key for r in self._running} | {r.key for r in self._waiting}
-        for key in [k for k in self._retired if k not in held]:
+        with self._lock:
+            live = {key for key, _ in self._adapters.values()}
+        for key in [k for k in self._retired if k not in held and k not in live]:
             self._retired.discard(key)
-            if len(self._peft.peft_config) == 1:
-                # Last adapter gone: take the LoRA layers out so the base model is exactly restored.
-                self._model = self._base = self._peft.unload()
-                self._peft = None
-            else:
-                self._peft.delete_adapter(key)
+            self._slots.release(key, in_use=(held | live | self._retired) - {BASE})
 
 
 def _as_list(value: Any) -> list[Any]:

@@ -1,0 +1,221 @@
+"""Engine benchmark: our LocalEngine side by side with plain `transformers` generate, in one run.
+
+All on the configured model, dtype, device and torch thread count, with 8 different chat prompts:
+
+1. Throughput. Baseline: HF `model.generate` (greedy, exactly `max_tokens` new tokens) over the 8
+   prompts one after another, which is what rollouts cost without a serving engine. Ours: the
+   LocalEngine with 1 request, then 8 concurrent requests (continuous batching), counting the tokens
+   actually generated (greedy may stop early at EOS). Agent rollouts arrive concurrently and one
+   decode step is memory-bound, so a batch of 8 should cost little more than 1: goal engine@8 >= 3x.
+2. Cost of logprob capture. The engine always records each sampled token's logprob (the trainer
+   learns from them). We price that capture on the baseline, where it can be switched off: HF
+   generate with `output_scores=True, return_dict_in_generate=True` plus a log_softmax/gather of the
+   chosen tokens, against the same call without, paired per prompt. Goal <= 5%.
+3. Adapter hot swap. A random LoRA (r=8, attention projections) is published as v1 and v2; we time
+   `load_adapter` of v1 on an idle engine, then the swap to v2 while 8 generations run on it. New
+   policy versions land mid-rollout, so the swap must be quick and no running request may fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+from transformers import AutoModelForCausalLM
+
+from clawr1.core.config import Config
+from clawr1.core.types import Generation, SamplingParams
+from clawr1.engine import adapters
+from clawr1.engine.local import LocalEngine
+from clawr1.engine.models import resolve_model
+
+ADAPTER = "policy"
+PROMPTS = [
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain how a refrigerator works, step by step.",
+    "Give me a detailed plan for learning to play the guitar in three months.",
+    "Describe the water cycle to a ten-year-old.",
+    "What are the pros and cons of working from home? Answer at length.",
+    "Write a poem about autumn leaves and the passing of time.",
+    "Explain the difference between a list and a tuple in Python, with examples.",
+    "Describe a walk through a busy market in a city you imagine.",
+]
+
+
+def run(config: Config, max_tokens: int = 64, console: Console | None = None) -> dict[str, Any]:
+    """Run the benchmark, print a table of results and ratios, and return the numbers."""
+    console = console or Console()
+    numbers = asyncio.run(_bench(config, max_tokens, console))
+    console.print(_table(numbers))
+    return numbers
+
+
+async def _bench(config: Config, max_tokens: int, console: Console) -> dict[str, Any]:
+    path = resolve_model(config.engine.model, config.data_dir)
+    with console.status(f"Loading {config.engine.model} twice (engine + HF baseline)..."):
+        engine = LocalEngine.load(path, config.engine)  # sets torch's thread count from the config
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, config.engine.dtype))
+        hf = hf.to(config.engine.device).eval()
+    r: dict[str, Any] = {"max_tokens": max_tokens, "threads": torch.get_num_threads()}
+    try:
+        prompts = [engine.render([{"role": "user", "content": p}]) for p in PROMPTS]
+        with console.status(f"HF generate: {len(prompts)} prompts sequentially, without and with logprobs..."):
+            r.update(_hf_phase(hf, prompts, max_tokens, engine.tokenizer.eos_token_id))
+        with console.status("Engine: 1 request, then 8 concurrent..."):
+            r.update(await _engine_phase(engine, prompts, max_tokens))
+        r["speedup_1"] = r["engine_1_tok_s"] / r["hf_1_tok_s"]
+        r["speedup_8"] = r["engine_8_tok_s"] / r["hf_seq_tok_s"]
+        with console.status("Adapters: load v1, then swap to v2 under 8 running requests..."):
+            r.update(await _adapter_phase(engine, hf, prompts, max_tokens))
+    finally:
+        await engine.close()
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}
+
+
+def _hf_generate(model: Any, prompt: list[int], max_tokens: int, pad: int, capture: bool) -> tuple[int, float]:
+    """One greedy HF generate of exactly `max_tokens` tokens; (tokens, seconds).
+
+    With `capture`, also returns every step's scores and turns them into the chosen tokens'
+    logprobs (log_softmax + gather, moved to Python floats like the engine's), all inside the timing.
+    """
+    ids = torch.tensor([prompt], device=model.device)
+    start = time.perf_counter()
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_tokens,
+                         min_new_tokens=max_tokens, pad_token_id=pad,
+                         output_scores=capture, return_dict_in_generate=capture)
+    sequences = out.sequences if capture else out
+    new = sequences[:, ids.shape[1]:]
+    if capture:
+        logp = torch.log_softmax(torch.stack(out.scores, dim=1).float(), dim=-1)
+        logp.gather(-1, new[..., None]).squeeze(-1).tolist()
+    return new.shape[1], time.perf_counter() - start
+
+
+def _hf_phase(hf: Any, prompts: list[list[int]], max_tokens: int, pad: int) -> dict[str, Any]:
+    for capture in (False, True):  # warm-up: first calls pay one-off allocation costs
+        _hf_generate(hf, prompts[0], 4, pad, capture)
+    plain, captured = [], []
+    for i, prompt in enumerate(prompts):
+        # Alternate which variant runs first so drift (heat, other processes) cancels out.
+        for capture in ((False, True) if i % 2 == 0 else (True, False)):
+            (captured if capture else plain).append(_hf_generate(hf, prompt, max_tokens, pad, capture))
+    tokens, seconds = sum(n for n, _ in plain), sum(s for _, s in plain)
+    # Overhead = median over prompts of (time with capture / time without) - 1: a burst of load from
+    # another process spoils one pair, not the result.
+    ratios = [c[1] / p[1] for c, p in zip(captured, plain)]
+    return {
+        "hf_1_tok_s": plain[0][0] / plain[0][1],
+        "hf_seq_tok_s": tokens / seconds,
+        "hf_seq_tokens": tokens,
+        "logprob_overhead_pct": 100 * (statistics.median(ratios) - 1),
+    }
+
+
+async def _timed(engine: LocalEngine, prompts: list[list[int]], max_tokens: int) -> tuple[list[Generation], float]:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0)
+    start = time.perf_counter()
+    gens = await asyncio.gather(*(engine.generate(p, params).final() for p in prompts))
+    return list(gens), time.perf_counter() - start
+
+
+async def _engine_phase(engine: LocalEngine, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
+    await _timed(engine, prompts[:1], 4)  # warm-up
+    one, one_s = await _timed(engine, prompts[:1], max_tokens)
+    steps, decoded = engine.stats["decode_steps"], engine.stats["decode_tokens"]
+    many, many_s = await _timed(engine, prompts, max_tokens)
+    steps, decoded = engine.stats["decode_steps"] - steps, engine.stats["decode_tokens"] - decoded
+    tokens = sum(len(g.token_ids) for g in many)
+    return {
+        "engine_1_tok_s": len(one[0].token_ids) / one_s,
+        "engine_8_tok_s": tokens / many_s,
+        "engine_8_tokens": tokens,
+        "engine_8_mean_batch": decoded / max(steps, 1),
+    }
+
+
+async def _adapter_phase(engine: LocalEngine, hf: Any, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
+    from peft import LoraConfig, get_peft_model
+
+    # The HF copy is done with; it becomes the trainer's side that publishes adapters.
+    lora = LoraConfig(r=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], init_lora_weights=False)
+    trainer = get_peft_model(hf, lora, adapter_name=ADAPTER)
+    with tempfile.TemporaryDirectory(prefix="clawr1-bench-") as root:
+        v1 = adapters.publish(trainer, Path(root), ADAPTER, 1)
+        with torch.no_grad():  # v2 = different weights, as after a training step
+            for name, param in trainer.named_parameters():
+                if "lora_B" in name:
+                    param.mul_(-1)
+        v2 = adapters.publish(trainer, Path(root), ADAPTER, 2)
+
+        start = time.perf_counter()
+        await engine.load_adapter(ADAPTER, v1)
+        first_ms = 1000 * (time.perf_counter() - start)
+
+        params = SamplingParams(max_tokens=max_tokens, temperature=0)
+        started = [asyncio.Event() for _ in prompts]
+
+        async def request(prompt: list[int], event: asyncio.Event) -> Generation:
+            stream = engine.generate(prompt, params, ADAPTER)
+            try:
+                async for _ in stream:
+                    event.set()  # this request is decoding
+            finally:
+                event.set()
+            assert stream.generation is not None
+            return stream.generation
+
+        tasks = [asyncio.create_task(request(p, e)) for p, e in zip(prompts, started)]
+        await asyncio.gather(*(e.wait() for e in started))
+        running = sum(not t.done() for t in tasks)
+        start = time.perf_counter()
+        await engine.load_adapter(ADAPTER, v2)
+        swap_ms = 1000 * (time.perf_counter() - start)
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        after = await engine.generate(prompts[0], SamplingParams(max_tokens=4, temperature=0), ADAPTER).final()
+
+    gens = [g for g in results if isinstance(g, Generation)]
+    failed = len(results) - len(gens) + sum(g.finish_reason not in ("stop", "length") for g in gens)
+    return {
+        "swap_ms_first": first_ms,
+        "swap_ms_under_load": swap_ms,
+        "swap_running_requests": running,  # decoding when the swap was requested
+        "failed_requests": failed,
+        "running_kept_v1": all(g.version == 1 for g in gens),  # submitted before the swap: pinned to v1
+        "new_request_version": after.version,  # submitted after: must get v2
+    }
+
+
+def _table(r: dict[str, Any]) -> Table:
+    table = Table(title=f"Engine benchmark: {r['max_tokens']} new tokens/request, {r['threads']} torch threads")
+    table.add_column("measurement")
+    table.add_column("value", justify="right")
+    table.add_column("ratio / goal", justify="right")
+    base = r["hf_seq_tok_s"]
+    table.add_row("HF generate, 1 prompt", f"{r['hf_1_tok_s']:.1f} tok/s", f"{r['hf_1_tok_s'] / base:.2f}x")
+    table.add_row("HF generate, 8 prompts sequential", f"{base:.1f} tok/s", "1.00x (baseline)")
+    table.add_row("engine, 1 request", f"{r['engine_1_tok_s']:.1f} tok/s", f"{r['speedup_1']:.2f}x vs HF 1 prompt")
+    table.add_row(f"engine, 8 concurrent ({r['engine_8_tokens']} tok, mean batch {r['engine_8_mean_batch']:.1f})",
+                  f"{r['engine_8_tok_s']:.1f} tok/s", _goal(f"{r['speedup_8']:.2f}x", r["speedup_8"] >= 3, ">= 3x"))
+    overhead = r["logprob_overhead_pct"]
+    table.add_row("logprob capture overhead (HF, scores + log_softmax)", f"{overhead:+.1f}%",
+                  _goal("", overhead <= 5, "<= 5%"))
+    table.add_row("adapter load v1, idle engine", f"{r['swap_ms_first']:.0f} ms", "")
+    table.add_row(f"adapter swap to v2, {r['swap_running_requests']} requests running",
+                  f"{r['swap_ms_under_load']:.0f} ms", "")
+    ok = r["failed_requests"] == 0 and r["running_kept_v1"] and r["new_request_version"] == 2
+    table.add_row("failed requests / running kept v1 / new gets v2",
+                  f"{r['failed_requests']} / {r['running_kept_v1']} / v{r['new_request_version']}",
+                  _goal("", ok, "0 / True / v2"))
+    return table
+
+
+def _goal(text: str, met: bool, goal: str) -> str:
+    mark = "[green]met[/green]" if met else "[red]missed[/red]"
+    return f"{text} {mark} (goal {goal})".strip()
