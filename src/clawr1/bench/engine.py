@@ -12,7 +12,8 @@ All on the configured model, dtype, device and torch thread count, with 8 differ
    generate with `output_scores=True, return_dict_in_generate=True` plus a log_softmax/gather of the
    chosen tokens, against the same call without, paired per prompt. Goal <= 5%.
 3. Adapter hot swap. A random LoRA (r=8, attention projections) is published as v1 and v2; we time
-   `load_adapter` of v1 on an idle engine, then the swap to v2 while 8 generations run on it. New
+   `load_adapter` of v1 on an idle engine, the swap to v2 while 8 generations run on it (a new peft
+   slot), and the steady-state swap to v3 (copied into the slot v1 left). New
    policy versions land mid-rollout, so the swap must be quick and no running request may fail.
 """
 
@@ -153,6 +154,11 @@ async def _adapter_phase(engine: LocalEngine, hf: Any, prompts: list[list[int]],
                 if "lora_B" in name:
                     param.mul_(-1)
         v2 = adapters.publish(trainer, Path(root), ADAPTER, 2)
+        with torch.no_grad():
+            for name, param in trainer.named_parameters():
+                if "lora_B" in name:
+                    param.mul_(0.5)
+        v3 = adapters.publish(trainer, Path(root), ADAPTER, 3)
 
         start = time.perf_counter()
         await engine.load_adapter(ADAPTER, v1)
@@ -179,12 +185,17 @@ async def _adapter_phase(engine: LocalEngine, hf: Any, prompts: list[list[int]],
         swap_ms = 1000 * (time.perf_counter() - start)
         results = await asyncio.gather(*tasks, return_exceptions=True)
         after = await engine.generate(prompts[0], SamplingParams(max_tokens=4, temperature=0), ADAPTER).final()
+        # Steady state: v1's slot is free again, so v3 is copied into it instead of injected.
+        start = time.perf_counter()
+        await engine.load_adapter(ADAPTER, v3)
+        steady_ms = 1000 * (time.perf_counter() - start)
 
     gens = [g for g in results if isinstance(g, Generation)]
     failed = len(results) - len(gens) + sum(g.finish_reason not in ("stop", "length") for g in gens)
     return {
         "swap_ms_first": first_ms,
         "swap_ms_under_load": swap_ms,
+        "swap_ms_steady": steady_ms,
         "swap_running_requests": running,  # decoding when the swap was requested
         "failed_requests": failed,
         "running_kept_v1": all(g.version == 1 for g in gens),  # submitted before the swap: pinned to v1
@@ -209,6 +220,7 @@ def _table(r: dict[str, Any]) -> Table:
     table.add_row("adapter load v1, idle engine", f"{r['swap_ms_first']:.0f} ms", "")
     table.add_row(f"adapter swap to v2, {r['swap_running_requests']} requests running",
                   f"{r['swap_ms_under_load']:.0f} ms", "")
+    table.add_row("adapter swap v2 -> v3, spare slot reused (steady state)", f"{r['swap_ms_steady']:.0f} ms", "")
     ok = r["failed_requests"] == 0 and r["running_kept_v1"] and r["new_request_version"] == 2
     table.add_row("failed requests / running kept v1 / new gets v2",
                   f"{r['failed_requests']} / {r['running_kept_v1']} / v{r['new_request_version']}",
