@@ -48,3 +48,12 @@ def test_printed_config_is_valid_toml_that_loads_back(tmp_path, capsys):
 def test_cli_reports_bad_config_without_traceback(capsys):
     assert main(["config", "--set", "engine.max_batch=0"]) == 2
     assert "max_batch" in capsys.readouterr().err
+
+
+def test_printed_config_redacts_keys(capsys):
+    assert main(["config", "--set", 'gateway.api_keys=["sk-agent-secret"]',
+                 "--set", 'gateway.admin_key="admin-secret-0123456789"']) == 0
+    printed = capsys.readouterr().out
+    assert "sk-agent-secret" not in printed and "admin-secret" not in printed
+    assert "api_keys is set (redacted)" in printed
+    tomllib.loads(printed)

@@ -78,6 +78,47 @@ def cmd_chat(args: argparse.Namespace, config: Config) -> int:
     return asyncio.run(run())
 
 
+def cmd_serve(args: argparse.Namespace, config: Config) -> int:
+    from clawr1.gateway.server import serve
+
+    overrides = {"host": args.host, "port": args.port}
+    config.gateway = config.gateway.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+    config.gateway.model_validate(config.gateway.model_dump())
+
+    def ready(port: int, note: str) -> None:
+        err_console.print(f"[green]Claw-R1 gateway[/green] on http://{config.gateway.host}:{port}/v1 "
+                          f"(model {config.engine.model}, data {config.data_dir}); {note}")
+
+    try:
+        asyncio.run(serve(config, on_ready=ready))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def cmd_pool(args: argparse.Namespace, config: Config) -> int:
+    from clawr1.datapool import SQLitePool
+
+    pool = SQLitePool(config.data_dir, config.pool)
+    try:
+        if args.action == "stats":
+            stats = pool.stats()
+            if args.json:
+                print(json.dumps(stats))
+            else:
+                table = Table("metric", "value", title=f"Data pool at {config.data_dir}")
+                for key, value in stats.items():
+                    table.add_row(key, json.dumps(value) if isinstance(value, (dict, list)) else str(value))
+                console.print(table)
+        elif args.action == "sessions":
+            print(json.dumps(pool.sessions(), indent=2))
+        elif args.action == "show":
+            print(json.dumps(pool.show(args.ident), indent=2, default=str))
+    finally:
+        pool.close()
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace, config: Config) -> int:
     if args.what == "engine":
         from clawr1.bench.engine import run
@@ -109,6 +150,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--adapter", help="a loaded adapter name (default: the base model)")
     p.set_defaults(fn=cmd_chat)
+
+    p = sub.add_parser("serve", help="the OpenAI-compatible gateway: serve and record (no training)")
+    _common(p)
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8000; 0 = any free port)")
+    p.set_defaults(fn=cmd_serve)
+
+    p = sub.add_parser("pool", help="inspect the data pool")
+    _common(p)
+    p.add_argument("action", choices=["stats", "sessions", "show"])
+    p.add_argument("ident", nargs="?", help="a session or step id (for show)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_pool)
 
     p = sub.add_parser("bench", help="benchmarks that print side-by-side ratios")
     _common(p)

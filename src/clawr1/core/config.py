@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"
+SECRET_FIELDS = frozenset({"api_keys", "admin_key"})
 
 
 def default_data_dir() -> Path:
@@ -55,12 +56,81 @@ class EngineConfig(_Section):
     """Requests waiting for a batch slot before new ones are refused (backpressure)."""
 
 
+class PoolConfig(_Section):
+    synchronous: Literal["FULL", "NORMAL"] = "FULL"
+    """SQLite `synchronous` in WAL mode. FULL fsyncs the WAL at every commit, so an acknowledged
+    write survives a process kill *and* a power cut; group commit pays that fsync once per batch.
+    NORMAL skips the fsync: still safe against a killed process (the OS holds the written pages)
+    but the last commits can be lost if the machine itself goes down."""
+
+    group_commit_max: int = Field(1024, ge=1, le=100_000)
+    """Most queued writes committed together in one transaction (one fsync for all of them)."""
+
+    writer_queue: int = Field(65_536, ge=1, le=10_000_000)
+    """Writes waiting for the writer thread before new ones are refused with `PoolFullError`
+    (the gateway turns that into a 429 instead of losing data silently)."""
+
+    busy_timeout_s: float = Field(10.0, gt=0, le=600)
+    """How long a transaction waits for another process (the trainer, the CLI) holding the write
+    lock before failing."""
+
+    lease_seconds: float = Field(600.0, gt=0, le=86_400)
+    """How long a trainer holds leased samples; unacknowledged samples return to READY after it,
+    so a trainer crash loses nothing and nothing is consumed twice."""
+
+    max_staleness: int = Field(4, ge=0, le=1_000_000)
+    """Default bound on how many policy versions a leased sample may lag the trainer's version."""
+
+    stale_policy: Literal["drop", "downweight"] = "drop"
+    """What happens to samples beyond the staleness bound: dropped (reason `stale`), or still
+    leased with weight `stale_weight` (and reason `stale` recorded)."""
+
+    stale_weight: float = Field(0.1, gt=0, le=1)
+    """Loss weight of a stale sample under `stale_policy = "downweight"`."""
+
+    fresh_fraction: float = Field(0.75, ge=0, le=1)
+    """Target share of each lease taken from fresh (on-policy: produced by the current version)
+    samples; the rest comes from older versions within the bound. Either kind fills in for the
+    other when short, so a lease is never smaller than what is READY."""
+
+
+class GatewayConfig(_Section):
+    host: str = Field("127.0.0.1", min_length=1, max_length=255)
+    """Address to bind. Loopback by default; any other address requires `api_keys`."""
+
+    port: int = Field(8000, ge=0, le=65535)
+    """TCP port (0 = any free port)."""
+
+    api_keys: list[str] = Field(default_factory=list, max_length=10_000)
+    """Bearer keys agents must send. Empty: no auth, and the gateway only binds to loopback."""
+
+    admin_key: str | None = Field(None, min_length=16, max_length=512)
+    """Separate key for `/admin/*` routes; unset = admin routes disabled."""
+
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, le=1024**3)
+    """Largest accepted request body; larger gets 413."""
+
+    max_pending: int = Field(256, ge=1, le=100_000)
+    """Requests being served or recorded at once; beyond it new requests get 429, so a slow pool
+    never makes the gateway lose data silently."""
+
+    keepalive_s: float = Field(2.0, gt=0, le=60)
+    """While a streaming request waits for the engine, an empty-delta chunk is sent this often so
+    clients with idle timeouts (OpenClaw) do not abort."""
+
+
 class Config(_Section):
     data_dir: Path = Field(default_factory=default_data_dir)
-    """Where the model cache, adapters and (later) the data pool live."""
+    """Where the model cache, adapters and the data pool (`pool.sqlite3`) live."""
 
     engine: EngineConfig = Field(default_factory=EngineConfig)
     """The serving engine."""
+
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    """The OpenAI-compatible HTTP gateway."""
+
+    pool: PoolConfig = Field(default_factory=PoolConfig)
+    """The data pool: durability, group commit, leases, staleness and the fresh/off-policy mix."""
 
 
 def _parse_value(raw: str) -> Any:
@@ -108,7 +178,13 @@ def to_toml(config: Config) -> str:
             doc = " ".join((field.description or "").split())
             if doc:
                 lines.append(f"# {doc}")
-            lines.append(f"{name} = {_toml_literal(getattr(model, name))}")
+            value = getattr(model, name)
+            if value is None:
+                lines.append(f"# {name} is unset")
+            elif name in SECRET_FIELDS and value:
+                lines.append(f"# {name} is set (redacted)")  # keys never reach logs or terminals
+            else:
+                lines.append(f"{name} = {_toml_literal(value)}")
         for name in nested:
             emit(getattr(model, name), f"{header}.{name}" if header else name)
 

@@ -1,0 +1,153 @@
+"""The data pool's contract: the few methods the gateway, the reward stage and the trainer use.
+
+SQLite (`SQLitePool`) is the embedded implementation; a Ray actor or another database can stand
+behind the same methods later. Writes return after they are durable, never before: a `True` from
+`append_step` means the step survives a crash of this process.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+from clawr1.core.records import DEFAULT_TENANT, Hint, Lease, Reward, Step
+
+
+class PoolFullError(Exception):
+    """The writer's queue is full; the caller should shed load (the gateway answers 429)."""
+
+
+class UnknownStepError(KeyError):
+    """A reward, hint or read named a step id the pool has not stored."""
+
+
+class UnknownSessionError(KeyError):
+    """A session id (for that tenant) the pool has not stored."""
+
+
+class UnknownLeaseError(KeyError):
+    """An ack named a lease id this pool never handed out."""
+
+
+class DataPool(ABC):
+    """Durable event log of steps, rewards, hints and session events, and the training queue.
+
+    A main-turn step becomes a sample (PENDING); a non-zero reward (or `mark_ready`) makes it
+    READY; `lease` hands READY samples to a trainer (LEASED); `ack` consumes them (CONSUMED); an
+    expired lease returns them to READY. Samples beyond the staleness bound, or the masked last
+    turn of a session closed without an outcome, are DROPPED with the reason recorded. Side turns
+    are stored but never become samples.
+    """
+
+    # -- writing -------------------------------------------------------------------------------
+
+    @abstractmethod
+    def submit_step(self, step: Step) -> Future[bool]:
+        """Queue a step for the next group commit.
+
+        Returns:
+            A future resolved after COMMIT with True if the step is new, False for a replay of a
+            stored step id. Async callers: `await asyncio.wrap_future(pool.submit_step(step))`.
+        Raises:
+            PoolFullError: the write queue is full.
+        """
+
+    def append_step(self, step: Step) -> bool:
+        """Store a step durably; True if new, False if its step id was already stored.
+
+        When main turn t+1 of a session arrives, turn t gets it as its next state (the messages
+        after turn t's reply), whatever order the two arrive in.
+        """
+        return self.submit_step(step).result()
+
+    def append_steps(self, steps: Iterable[Step]) -> list[bool]:
+        """Store many steps; they share transactions (group commit). One bool per step."""
+        futures = [self.submit_step(step) for step in steps]
+        return [future.result() for future in futures]
+
+    @abstractmethod
+    def close_session(self, session_id: str, outcome_reward: float | None = None, *,
+                      tenant: str = DEFAULT_TENANT, reason: str = "closed") -> bool:
+        """Close a session. With an outcome reward, the last main turn is rewarded with it (source
+        `outcome`); without, a last turn still unrewarded is masked (dropped, reason `masked`).
+
+        Returns:
+            True if it was open, False if already closed (closing twice is harmless).
+        Raises:
+            UnknownSessionError: no step of that session was stored.
+        """
+
+    @abstractmethod
+    def submit_reward(self, reward: Reward) -> Future[None]:
+        """Queue a reward for the next group commit; the future resolves after COMMIT (or raises
+        UnknownStepError). See `add_reward`."""
+
+    def add_reward(self, reward: Reward) -> None:
+        """Record a reward; the step's sample takes its score (latest wins) and is READY when it is
+        non-zero, PENDING when zero (unless already leased, consumed or dropped)."""
+        self.submit_reward(reward).result()
+
+    @abstractmethod
+    def add_hint(self, hint: Hint) -> None:
+        """Record a textual hint for a step (its sample's state is unchanged; see `mark_ready`)."""
+
+    @abstractmethod
+    def mark_ready(self, step_id: str) -> bool:
+        """Make a PENDING sample READY (e.g. a hint-only sample for distillation); False if it was
+        not pending or the step is a side turn."""
+
+    # -- training ------------------------------------------------------------------------------
+
+    @abstractmethod
+    def lease(self, n: int, max_staleness: int | None = None, current_version: int = 0) -> Lease:
+        """Lease up to n READY samples until `expires_at`.
+
+        Samples more than `max_staleness` versions behind `current_version` are dropped or
+        down-weighted first (reason `stale`); the rest are mixed fresh/off-policy by the configured
+        fraction, newest version first, oldest first within a version.
+        """
+
+    @abstractmethod
+    def ack(self, lease: Lease | str) -> int:
+        """Consume a lease's samples; returns how many. Acking twice returns 0 the second time; a
+        late ack consumes those of its samples that were not leased again meanwhile."""
+
+    @abstractmethod
+    def expire_leases(self) -> int:
+        """Return the samples of every expired, unacknowledged lease to READY; returns how many."""
+
+    # -- reading -------------------------------------------------------------------------------
+
+    @abstractmethod
+    def get_steps(self, step_ids: Iterable[str]) -> list[Step]:
+        """The stored steps, in the order asked (with `next_state` when linked)."""
+
+    @abstractmethod
+    def stats(self) -> dict[str, Any]:
+        """Counts: sessions, steps, rewards, hints, samples by status, drops by reason, leases."""
+
+    @abstractmethod
+    def sessions(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The most recently active sessions, newest first."""
+
+    @abstractmethod
+    def show(self, ident: str, tenant: str | None = None) -> dict[str, Any]:
+        """One step (with sample, rewards, hints) or one session (with its steps and events)."""
+
+    @abstractmethod
+    def export(self, path: Path, format: Literal["jsonl", "parquet"] = "jsonl", *,
+               rewarded_only: bool = False) -> int:
+        """Write main-turn samples in TRL's conversational prompt/completion form with their reward;
+        returns the row count. Loadable with `datasets.load_dataset("json"|"parquet", ...)`."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Finish queued writes and release the database."""
+
+    def __enter__(self) -> DataPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,150 @@
+"""Reads: counts, session listings, one record in full, and the export rows.
+
+Under WAL these never block the writer and see only committed data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any, Iterator
+
+from clawr1.core.records import SAMPLE_STATUSES, Step
+from clawr1.datapool.base import UnknownStepError
+from clawr1.datapool.schema import dumps, next_state_of, row_step
+
+
+def _one(conn: sqlite3.Connection, sql: str, *params: Any) -> Any:
+    return conn.execute(sql, params).fetchone()[0]
+
+
+def stats(conn: sqlite3.Connection) -> dict[str, Any]:
+    by_status = dict.fromkeys(SAMPLE_STATUSES, 0)
+    by_status.update(conn.execute("SELECT status, count(*) FROM samples GROUP BY status").fetchall())
+    main = _one(conn, "SELECT count(*) FROM steps WHERE turn_type = 'main'")
+    return {
+        "sessions": _one(conn, "SELECT count(*) FROM sessions"),
+        "open_sessions": _one(conn, "SELECT count(*) FROM sessions WHERE status = 'open'"),
+        "steps": _one(conn, "SELECT count(*) FROM steps"),
+        "main_steps": main,
+        "rewards": _one(conn, "SELECT count(*) FROM rewards"),
+        "hints": _one(conn, "SELECT count(*) FROM hints"),
+        **by_status,
+        "dropped_by_reason": dict(conn.execute("SELECT reason, count(*) FROM samples WHERE status = 'dropped' "
+                                               "GROUP BY reason").fetchall()),
+        "open_leases": _one(conn, "SELECT count(*) FROM leases WHERE state = 'open'"),
+        "policy_versions": sorted(v for (v,) in conn.execute("SELECT DISTINCT policy_version FROM samples")),
+    }
+
+
+def sessions(conn: sqlite3.Connection, limit: int) -> list[dict[str, Any]]:
+    rows = conn.execute(
+        "SELECT s.*, (SELECT count(*) FROM steps t WHERE t.tenant = s.tenant AND t.session_id = s.session_id) AS steps "
+        "FROM sessions s ORDER BY s.updated_at DESC LIMIT ?", (limit,)).fetchall()
+    return [dict(row) for row in rows]
+
+
+# A step with the messages of the next main turn it is linked to (its next state comes from them).
+_STEP_WITH_NEXT = """SELECT t.*, s.next_step_id, n.messages AS next_messages FROM steps t
+LEFT JOIN samples s ON s.step_id = t.step_id LEFT JOIN steps n ON n.step_id = s.next_step_id"""
+
+
+def get_steps(conn: sqlite3.Connection, step_ids: list[str]) -> list[Step]:
+    found: dict[str, Step] = {}
+    for start in range(0, len(step_ids), 500):  # stay under SQLite's bound-parameter limit
+        chunk = step_ids[start:start + 500]
+        marks = ", ".join("?" * len(chunk))
+        for row in conn.execute(f"{_STEP_WITH_NEXT} WHERE t.step_id IN ({marks})", chunk):
+            found[row["step_id"]] = row_step(row, row["next_messages"])
+    missing = [s for s in step_ids if s not in found]
+    if missing:
+        raise UnknownStepError(", ".join(missing[:5]))
+    return [found[s] for s in step_ids]
+
+
+def _step_detail(conn: sqlite3.Connection, row: sqlite3.Row) -> dict[str, Any]:
+    step = row_step(row, row["next_messages"])
+    detail = {**step.__dict__, "next_step_id": row["next_step_id"]}
+    sample = conn.execute("SELECT * FROM samples WHERE step_id = ?", (step.step_id,)).fetchone()
+    detail["sample"] = None if sample is None else dict(sample)
+    detail["rewards"] = [{**dict(r), "votes": json.loads(r["votes"])}
+                         for r in conn.execute("SELECT * FROM rewards WHERE step_id = ? ORDER BY id", (step.step_id,))]
+    detail["hints"] = [dict(r) for r in conn.execute("SELECT * FROM hints WHERE step_id = ? ORDER BY id", (step.step_id,))]
+    return detail
+
+
+def show(conn: sqlite3.Connection, ident: str, tenant: str | None) -> dict[str, Any]:
+    row = conn.execute(f"{_STEP_WITH_NEXT} WHERE t.step_id = ?", (ident,)).fetchone()
+    if row is not None:
+        return {"kind": "step", **_step_detail(conn, row)}
+    found = conn.execute("SELECT * FROM sessions WHERE session_id = ? AND (? IS NULL OR tenant = ?)",
+                         (ident, tenant, tenant)).fetchall()
+    if not found:
+        raise KeyError(f"no step or session {ident!r}")
+    if len(found) > 1:
+        raise ValueError(f"session {ident!r} exists for tenants {[r['tenant'] for r in found]}; name one")
+    session = dict(found[0])
+    key = (session["tenant"], ident)
+    session["steps"] = [dict(r) for r in conn.execute(
+        "SELECT t.step_id, t.turn_index, t.turn_type, t.policy_version, t.finish_reason, t.text, s.next_step_id, "
+        "s.status, s.reward, s.reason FROM steps t LEFT JOIN samples s ON s.step_id = t.step_id "
+        "WHERE t.tenant = ? AND t.session_id = ? ORDER BY t.turn_index, t.created_at", key)]
+    session["events"] = [{**dict(r), "data": json.loads(r["data"])} for r in conn.execute(
+        "SELECT kind, data, created_at FROM events WHERE tenant = ? AND session_id = ? ORDER BY id", key)]
+    return {"kind": "session", **session}
+
+
+def _text_content(content: Any) -> Any:
+    """OpenAI content-part arrays to plain text, the form TRL's chat templates expect."""
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return content
+
+
+def export_rows(conn: sqlite3.Connection, rewarded_only: bool) -> Iterator[dict[str, Any]]:
+    """Main turns as TRL conversational prompt/completion rows with their reward and provenance."""
+    where = "AND s.reward IS NOT NULL" if rewarded_only else ""
+    for row in conn.execute(
+            "SELECT t.step_id, t.tenant, t.session_id, t.prompt_id, t.turn_index, t.policy_version, t.messages, "
+            "t.tools, t.text, t.finish_reason, n.messages AS next_messages, s.reward, s.status FROM steps t "
+            "JOIN samples s ON s.step_id = t.step_id LEFT JOIN steps n ON n.step_id = s.next_step_id "
+            f"WHERE t.turn_type = 'main' {where} ORDER BY t.rowid"):
+        prompt = [{**m, "content": _text_content(m.get("content"))} for m in json.loads(row["messages"])]
+        yield {
+            "prompt": prompt,
+            "completion": [{"role": "assistant", "content": row["text"]}],
+            "reward": row["reward"],
+            "tools": row["tools"],  # JSON text: tool schemas differ per row, a column needs one type
+            "step_id": row["step_id"], "tenant": row["tenant"], "session_id": row["session_id"],
+            "prompt_id": row["prompt_id"], "turn_index": row["turn_index"],
+            "policy_version": row["policy_version"], "finish_reason": row["finish_reason"],
+            "status": row["status"],
+            "next_state": None if row["next_messages"] is None else dumps(next_state_of(json.loads(row["next_messages"]))),
+        }
+
+
+def export(conn: sqlite3.Connection, path: Path, format: str, rewarded_only: bool) -> int:
+    """Write to a temporary file, then rename: a reader never sees half an export."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    rows = export_rows(conn, rewarded_only)
+    if format == "jsonl":
+        count = 0
+        with open(tmp, "w", encoding="utf-8") as out:
+            for count, row in enumerate(rows, 1):
+                out.write(json.dumps(row, ensure_ascii=False) + "\n")
+    elif format == "parquet":
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError as error:
+            raise ImportError("parquet export needs pyarrow (pip install pyarrow); jsonl needs nothing") from error
+        table = pa.Table.from_pylist(list(rows))
+        pq.write_table(table, tmp)
+        count = table.num_rows
+    else:
+        raise ValueError(f"export format must be jsonl or parquet, got {format!r}")
+    os.replace(tmp, path)
+    return count

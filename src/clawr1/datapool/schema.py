@@ -1,0 +1,242 @@
+"""SQLite schema, connection settings, and the Step <-> row encoding.
+
+Token ids are stored as little-endian int32 and logprobs as little-endian float64 blobs: 4 and 8
+bytes a token, packed and unpacked by `struct` in one call, and float64 so the behaviour logprobs
+the trainer's importance ratio uses come back bit-exact. Messages, tools and timings are JSON text (human-readable in any
+SQLite shell).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import struct
+from pathlib import Path
+from typing import Any
+
+from clawr1.core.config import PoolConfig
+from clawr1.core.records import Step
+
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS steps (
+    step_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    prompt_id TEXT NOT NULL,
+    turn_index INTEGER NOT NULL,
+    turn_type TEXT NOT NULL CHECK (turn_type IN ('main', 'side')),
+    policy_version INTEGER NOT NULL,
+    adapter TEXT,
+    finish_reason TEXT NOT NULL,
+    temperature REAL NOT NULL,
+    created_at REAL NOT NULL,
+    messages TEXT NOT NULL,
+    tools TEXT,
+    text TEXT NOT NULL,
+    prompt_ids BLOB NOT NULL,
+    token_ids BLOB NOT NULL,
+    logprobs BLOB NOT NULL,
+    timings TEXT NOT NULL
+);
+-- Steps are never updated: per-sample state lives in the small `samples` rows.
+CREATE INDEX IF NOT EXISTS steps_by_session ON steps (tenant, session_id, turn_index);
+
+CREATE TABLE IF NOT EXISTS sessions (
+    tenant TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    closed_at REAL,
+    outcome_reward REAL,
+    PRIMARY KEY (tenant, session_id)
+);
+CREATE INDEX IF NOT EXISTS sessions_by_update ON sessions (updated_at);
+
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    data TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_by_session ON events (tenant, session_id);
+
+CREATE TABLE IF NOT EXISTS rewards (
+    id INTEGER PRIMARY KEY,
+    step_id TEXT NOT NULL,
+    score REAL NOT NULL CHECK (score BETWEEN -1 AND 1),
+    source TEXT NOT NULL,
+    votes TEXT NOT NULL,
+    evidence TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS rewards_by_step ON rewards (step_id);
+
+CREATE TABLE IF NOT EXISTS hints (
+    id INTEGER PRIMARY KEY,
+    step_id TEXT NOT NULL,
+    text TEXT NOT NULL,
+    source TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS hints_by_step ON hints (step_id);
+
+-- One row per main turn: its place in the training queue and its link to the next main turn
+-- (whose messages hold this turn's next state). Small rows, so queue and link updates are cheap.
+CREATE TABLE IF NOT EXISTS samples (
+    step_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    turn_index INTEGER NOT NULL,
+    policy_version INTEGER NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('pending', 'ready', 'leased', 'consumed', 'dropped')),
+    weight REAL NOT NULL,
+    reward REAL,
+    reason TEXT,
+    lease_id TEXT,
+    next_step_id TEXT,
+    ready_at REAL,
+    updated_at REAL NOT NULL
+) WITHOUT ROWID;  -- looked up by key: one b-tree instead of two
+-- Serves lease()'s order directly (newest version first, oldest first within it): no sort.
+CREATE INDEX IF NOT EXISTS samples_queue ON samples (status, policy_version DESC, ready_at);
+CREATE INDEX IF NOT EXISTS samples_by_session ON samples (tenant, session_id, turn_index);
+CREATE INDEX IF NOT EXISTS samples_by_lease ON samples (lease_id) WHERE lease_id IS NOT NULL;
+
+-- Storing a step maintains everything derived from it, inside the INSERT itself: its session, and
+-- for a main turn its sample and the links to the nearest main turns on each side (turns of one
+-- session may arrive out of order). Doing it in SQL keeps the writer at one statement a batch.
+CREATE TRIGGER IF NOT EXISTS step_stored AFTER INSERT ON steps BEGIN
+    INSERT INTO sessions (tenant, session_id, status, created_at, updated_at)
+        VALUES (NEW.tenant, NEW.session_id, 'open', NEW.created_at, NEW.created_at)
+        ON CONFLICT DO UPDATE SET updated_at = max(updated_at, excluded.updated_at);
+    INSERT INTO samples (step_id, tenant, session_id, turn_index, policy_version, status, weight, updated_at, next_step_id)
+        SELECT NEW.step_id, NEW.tenant, NEW.session_id, NEW.turn_index, NEW.policy_version, 'pending', 1.0,
+            NEW.created_at, (SELECT n.step_id FROM samples n WHERE n.tenant = NEW.tenant
+                AND n.session_id = NEW.session_id AND n.turn_index > NEW.turn_index ORDER BY n.turn_index LIMIT 1)
+        WHERE NEW.turn_type = 'main';
+    UPDATE samples SET next_step_id = NEW.step_id
+        WHERE NEW.turn_type = 'main' AND step_id = (SELECT p.step_id FROM samples p WHERE p.tenant = NEW.tenant
+                AND p.session_id = NEW.session_id AND p.turn_index < NEW.turn_index ORDER BY p.turn_index DESC LIMIT 1)
+            AND (next_step_id IS NULL
+                OR (SELECT n.turn_index FROM samples n WHERE n.step_id = samples.next_step_id) > NEW.turn_index);
+END;
+
+CREATE TABLE IF NOT EXISTS leases (
+    lease_id TEXT PRIMARY KEY,
+    state TEXT NOT NULL CHECK (state IN ('open', 'acked', 'expired')),
+    n INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    closed_at REAL
+);
+CREATE INDEX IF NOT EXISTS leases_by_state ON leases (state, expires_at);
+"""
+
+STEP_COLUMNS = ("step_id", "tenant", "session_id", "prompt_id", "turn_index", "turn_type", "policy_version",
+                "adapter", "finish_reason", "temperature", "created_at", "messages", "tools", "text",
+                "prompt_ids", "token_ids", "logprobs", "timings")
+INSERT_STEP = f"INSERT INTO steps ({', '.join(STEP_COLUMNS)}) VALUES"  # + one (?, ...) group per row
+
+
+def connect(path: Path, config: PoolConfig) -> sqlite3.Connection:
+    """A connection in autocommit mode (transactions are explicit BEGIN IMMEDIATE ... COMMIT).
+
+    WAL lets readers (stats, the CLI, another process) run while the writer commits. Durability
+    against SIGKILL: COMMIT returns only after the transaction's frames are written to the WAL
+    file with write(), so they sit in the OS page cache and survive the death of this process even
+    under synchronous=NORMAL; FULL (the default) also fsyncs them, so they survive a power cut.
+    """
+    conn = sqlite3.connect(path, timeout=config.busy_timeout_s, isolation_level=None, check_same_thread=False)
+    # Only takes effect when the file is created. A step row is ~3 KB and more with long prompts:
+    # on 4 KB pages nearly every row needs a page of its own; 16 KB pages measured ~1.5x faster.
+    conn.execute("PRAGMA page_size=16384")
+    mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+    if mode != "wal":
+        raise RuntimeError(f"{path}: could not enable WAL (journal_mode is {mode})")
+    conn.execute(f"PRAGMA synchronous={config.synchronous}")
+    return conn
+
+
+def _statements(script: str) -> list[str]:
+    """Split a script into statements (a trigger body holds `;` too)."""
+    statements, buffer = [], ""
+    for piece in script.split(";"):
+        buffer += piece + ";"
+        if sqlite3.complete_statement(buffer):
+            if buffer.strip(" \n;"):
+                statements.append(buffer)
+            buffer = ""
+    return statements
+
+
+def ensure_schema(conn: sqlite3.Connection) -> None:
+    """Create the tables once; refuse a file written by a newer schema."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise RuntimeError(f"pool schema v{version} is newer than this clawr1 (v{SCHEMA_VERSION})")
+        for statement in _statements(SCHEMA):
+            conn.execute(statement)
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:  # some errors (disk full, I/O) already rolled back
+            conn.execute("ROLLBACK")
+        raise
+
+
+def pack_ints(values: list[int]) -> bytes:
+    return struct.pack(f"<{len(values)}i", *values)
+
+
+def pack_floats(values: list[float]) -> bytes:
+    return struct.pack(f"<{len(values)}d", *values)
+
+
+def _unpack(code: str, blob: bytes) -> list:
+    return list(struct.unpack(f"<{len(blob) // struct.calcsize(code)}{code}", blob))
+
+
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # built once: it is per step
+
+
+def dumps(value: Any) -> str:
+    return _encode(value)
+
+
+def next_state_of(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages after the last assistant reply in a request: what the user, a tool or the
+    environment answered. A client that resends no history gives its non-system messages."""
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].get("role") == "assistant":
+            return messages[i + 1:]
+    return [m for m in messages if m.get("role") not in ("system", "developer")]
+
+
+def step_row(step: Step) -> tuple:
+    """The INSERT parameters for a step (encoded in the caller's thread, off the writer's)."""
+    return (step.step_id, step.tenant, step.session_id, step.prompt_id, step.turn_index, step.turn_type,
+            step.policy_version, step.adapter, step.finish_reason, step.temperature, step.created_at,
+            dumps(step.messages), None if step.tools is None else dumps(step.tools), step.text,
+            pack_ints(step.prompt_ids), pack_ints(step.token_ids), pack_floats(step.logprobs), dumps(step.timings))
+
+
+def row_step(row: sqlite3.Row, next_messages: str | None = None) -> Step:
+    """A stored row back to a Step; `next_messages` is the linked next main turn's messages (JSON),
+    from which its `next_state` is derived."""
+    return Step(
+        step_id=row["step_id"], tenant=row["tenant"], session_id=row["session_id"], prompt_id=row["prompt_id"],
+        turn_index=row["turn_index"], turn_type=row["turn_type"], messages=json.loads(row["messages"]),
+        tools=None if row["tools"] is None else json.loads(row["tools"]),
+        prompt_ids=_unpack("i", row["prompt_ids"]), token_ids=_unpack("i", row["token_ids"]),
+        logprobs=_unpack("d", row["logprobs"]), text=row["text"], policy_version=row["policy_version"],
+        adapter=row["adapter"], finish_reason=row["finish_reason"], temperature=row["temperature"],
+        created_at=row["created_at"], timings=json.loads(row["timings"]),
+        next_state=None if next_messages is None else next_state_of(json.loads(next_messages)),
+    )

@@ -1,0 +1,121 @@
+"""The embedded data pool: one SQLite file (`<data_dir>/pool.sqlite3`) in WAL mode.
+
+Every change goes through this process's group-commit writer thread; reads use a separate
+connection and never wait for it. Several processes (gateway, trainer, CLI) may open the same
+file: SQLite's lock serialises their write transactions, each waiting up to `busy_timeout_s`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from functools import partial
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+from clawr1.core.config import PoolConfig
+from clawr1.core.records import DEFAULT_TENANT, Hint, Lease, Reward, Step
+from clawr1.datapool import ops, queries
+from clawr1.datapool.base import DataPool
+from clawr1.datapool.schema import connect, ensure_schema, step_row
+from clawr1.datapool.writer import GroupCommitWriter, run_each
+
+POOL_FILE = "pool.sqlite3"
+
+
+class SQLitePool(DataPool):
+    """`DataPool` on SQLite. Thread-safe; async callers wrap `submit_step`'s future."""
+
+    def __init__(self, data_dir: Path, config: PoolConfig | None = None):
+        self.config = config or PoolConfig()
+        self.path = Path(data_dir) / POOL_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = connect(self.path, self.config)
+        ensure_schema(conn)
+        self._writer = GroupCommitWriter(conn, self.config.group_commit_max, self.config.writer_queue)
+        self._reader = connect(self.path, self.config)
+        self._reader.row_factory = sqlite3.Row
+        self._read_lock = threading.Lock()
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def submit_step(self, step: Step) -> Future[bool]:
+        if not isinstance(step, Step):
+            raise TypeError(f"expected a Step, got {type(step).__name__}")
+        # Encoded here, in the caller's thread, so the single writer only runs SQL.
+        return self._writer.submit(ops.insert_steps, step_row(step))
+
+    def close_session(self, session_id: str, outcome_reward: float | None = None, *,
+                      tenant: str = DEFAULT_TENANT, reason: str = "closed") -> bool:
+        if outcome_reward is not None and not -1.0 <= outcome_reward <= 1.0:
+            raise ValueError(f"outcome_reward must be in [-1, 1], got {outcome_reward}")
+        return self._writer.run(partial(ops.close_session, tenant=tenant, session_id=session_id,
+                                        outcome=outcome_reward, reason=reason))
+
+    def submit_reward(self, reward: Reward) -> Future[None]:
+        if not isinstance(reward, Reward):
+            raise TypeError(f"expected a Reward, got {type(reward).__name__}")
+        return self._writer.submit(run_each, partial(ops.add_reward, reward=reward))
+
+    def add_hint(self, hint: Hint) -> None:
+        self._writer.run(partial(ops.add_hint, hint=hint))
+
+    def mark_ready(self, step_id: str) -> bool:
+        return self._writer.run(partial(ops.mark_ready, step_id=step_id))
+
+    # -- training ------------------------------------------------------------------------------
+
+    def lease(self, n: int, max_staleness: int | None = None, current_version: int = 0) -> Lease:
+        if n < 1:
+            raise ValueError(f"lease size must be >= 1, got {n}")
+        staleness = self.config.max_staleness if max_staleness is None else max_staleness
+        if staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {staleness}")
+        return self._writer.run(partial(ops.lease, lease_id=uuid.uuid4().hex, n=n, max_staleness=staleness,
+                                        current_version=current_version, config=self.config))
+
+    def ack(self, lease: Lease | str) -> int:
+        if isinstance(lease, Lease):
+            if not lease.step_ids:
+                return 0  # an empty lease was never recorded
+            lease = lease.lease_id
+        return self._writer.run(partial(ops.ack, lease_id=lease))
+
+    def expire_leases(self) -> int:
+        return self._writer.run(lambda conn: ops.expire_leases(conn, time.time()))
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def _read(self, fn: Any, *args: Any) -> Any:
+        with self._read_lock:
+            return fn(self._reader, *args)
+
+    def get_steps(self, step_ids: Iterable[str]) -> list[Step]:
+        return self._read(queries.get_steps, list(step_ids))
+
+    def stats(self) -> dict[str, Any]:
+        return self._read(queries.stats)
+
+    def sessions(self, limit: int = 100) -> list[dict[str, Any]]:
+        return self._read(queries.sessions, limit)
+
+    def show(self, ident: str, tenant: str | None = None) -> dict[str, Any]:
+        return self._read(queries.show, ident, tenant)
+
+    def export(self, path: Path, format: Literal["jsonl", "parquet"] = "jsonl", *,
+               rewarded_only: bool = False) -> int:
+        # Its own connection: a long export must not hold the lock that stats() needs.
+        conn = connect(self.path, self.config)
+        conn.row_factory = sqlite3.Row
+        try:
+            return queries.export(conn, Path(path), format, rewarded_only)
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self._writer.close()
+        with self._read_lock:
+            self._reader.close()

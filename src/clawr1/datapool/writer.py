@@ -1,0 +1,112 @@
+"""Group commit: one writer thread turns many queued writes into one transaction and one fsync.
+
+Callers (gateway handlers, the reward stage, the trainer) submit a write and get a `Future`; the
+writer drains whatever is queued, runs it all inside one BEGIN IMMEDIATE ... COMMIT, and only then
+resolves the futures. So an acknowledged write is a committed one, and 1,000 concurrent appends
+cost one fsync instead of 1,000.
+
+A write is `(op, arg)` where `op(conn, [arg, ...])` returns one result per arg: consecutive writes
+with the same op run as one call, so appends become a few `executemany` statements (SQLite's C
+loop, which releases the GIL) instead of a Python loop of single statements.
+"""
+
+from __future__ import annotations
+
+import queue
+import sqlite3
+import threading
+from concurrent.futures import Future
+from itertools import groupby
+from typing import Any, Callable
+
+from clawr1.datapool.base import PoolFullError
+
+BatchOp = Callable[[sqlite3.Connection, list[Any]], list[Any]]
+_STOP = object()
+
+
+def run_each(conn: sqlite3.Connection, fns: list[Callable[[sqlite3.Connection], Any]]) -> list[Any]:
+    """The batch op for writes that are not batched: call each `fn(conn)` in turn."""
+    return [fn(conn) for fn in fns]
+
+
+class GroupCommitWriter:
+    """Owns the write connection; everything that changes the pool in this process goes through it."""
+
+    def __init__(self, conn: sqlite3.Connection, max_batch: int, max_queue: int):
+        self._conn = conn
+        self._max_batch = max_batch
+        self._queue: queue.Queue = queue.Queue(max_queue)
+        self._closed = False
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="clawr1-pool-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, op: BatchOp, arg: Any) -> Future:
+        """Queue one write; its future resolves with its result after COMMIT (or with its error)."""
+        future: Future = Future()
+        with self._lock:  # so nothing is queued behind the stop marker and left unresolved
+            if self._closed:
+                raise RuntimeError("the data pool is closed")
+            try:
+                self._queue.put_nowait((op, arg, future))
+            except queue.Full:
+                raise PoolFullError(f"pool write queue full ({self._queue.maxsize} waiting)") from None
+        return future
+
+    def run(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        """Run one unbatched write `fn(conn)` in the next commit and wait for it."""
+        return self.submit(run_each, fn).result()
+
+    def close(self) -> None:
+        """Commit everything queued so far, then stop the thread and close the connection."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(_STOP)  # FIFO: every write submitted before close is committed first
+        self._thread.join()
+        self._conn.close()
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            batch = [self._queue.get()]
+            while len(batch) < self._max_batch:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            if batch[-1] is _STOP:
+                batch.pop()
+                stopping = True
+            # A future cancelled before it ran (e.g. its asyncio waiter was cancelled) is skipped.
+            batch = [item for item in batch if item[2].set_running_or_notify_cancel()]
+            if batch:
+                self._commit(batch)
+
+    def _commit(self, batch: list[tuple[BatchOp, Any, Future]]) -> None:
+        conn = self._conn
+        in_op = False
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            in_op = True
+            results: list[Any] = []
+            for op, group in groupby(batch, key=lambda item: item[0]):
+                results.extend(op(conn, [arg for _, arg, _ in group]))
+            in_op = False
+            conn.execute("COMMIT")
+        except Exception as error:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if in_op and len(batch) > 1:
+                # One bad write must not fail its neighbours: retry each alone, so only it fails.
+                # (A failed BEGIN or COMMIT -- lock timeout, I/O error -- is shared: no retry.)
+                for item in batch:
+                    self._commit([item])
+                return
+            for _, _, future in batch:
+                future.set_exception(error)
+            return
+        for (_, _, future), result in zip(batch, results, strict=True):
+            future.set_result(result)

@@ -1,0 +1,1 @@
+"""The HTTP surface: OpenAI-compatible routes, session identification, auth, streaming, recording."""

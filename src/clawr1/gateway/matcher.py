@@ -1,0 +1,94 @@
+"""Automatic session matching for stock clients that can set nothing but a base URL.
+
+A request continues session S when its messages start with S's last request messages followed by
+S's last assistant reply. Real clients are messy (see shared/OPENCLAW.md), so:
+- S's last request message may be absent (OpenClaw appends an internal-context message to every
+  request and drops it from the next one);
+- tool-call ids are ignored (OpenClaw rewrites them); calls match on name + arguments;
+- content compares as text (string or parts), trimmed.
+Prefixes are indexed by a rolling hash, so a lookup costs one dict probe per message of the
+request, whatever the number of open sessions. Tenants never match across.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return "" if content is None else str(content)
+
+
+def _args(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments.strip()
+    return arguments
+
+
+def fingerprint(message: dict[str, Any]) -> str:
+    """What identifies a message across replays: role, trimmed text, tool calls without ids."""
+    calls = [(c.get("function", {}).get("name"), _args(c.get("function", {}).get("arguments")))
+             for c in message.get("tool_calls") or []]
+    body = json.dumps([message.get("role"), _text(message.get("content")).strip(), calls], sort_keys=True)
+    return hashlib.blake2b(body.encode(), digest_size=16).hexdigest()
+
+
+def rolling(fingerprints: list[str]) -> list[str]:
+    """h[i] identifies the prefix of length i + 1."""
+    out, h = [], ""
+    for fp in fingerprints:
+        h = hashlib.blake2b((h + fp).encode(), digest_size=16).hexdigest()
+        out.append(h)
+    return out
+
+
+@dataclass(frozen=True)
+class Match:
+    session_id: str
+    prefix_len: int  # messages of the request that the session already holds
+
+
+class HistoryMatcher:
+    """Open sessions' transcripts, indexed by the hash of (request messages + reply)."""
+
+    def __init__(self) -> None:
+        self._index: dict[tuple[str, str], tuple[str, int]] = {}  # (tenant, prefix hash) -> (session, len)
+        self._keys: dict[str, list[tuple[str, str]]] = {}  # session -> its index keys
+
+    def find(self, tenant: str, messages: list[dict[str, Any]]) -> Match | None:
+        """The session whose transcript is the longest prefix of `messages`, if any."""
+        hashes = rolling([fingerprint(m) for m in messages])
+        for i in range(len(hashes) - 1, -1, -1):
+            hit = self._index.get((tenant, hashes[i]))
+            if hit is not None:
+                return Match(hit[0], i + 1)
+        return None
+
+    def record(self, tenant: str, session_id: str, messages: list[dict[str, Any]], reply: dict[str, Any]) -> None:
+        """After a turn: the next request of this session starts with these messages + reply."""
+        self.forget(session_id)
+        fps = [fingerprint(m) for m in messages]
+        reply_fp = fingerprint(reply)
+        keys = []
+        variants = [fps] + ([fps[:-1]] if len(fps) > 1 else [])  # the last message may be dropped
+        for prefix in variants:
+            full = rolling(prefix + [reply_fp])
+            keys.append((tenant, full[-1]))
+            self._index[(tenant, full[-1])] = (session_id, len(full))
+        self._keys[session_id] = keys
+
+    def forget(self, session_id: str) -> None:
+        for key in self._keys.pop(session_id, []):
+            if self._index.get(key, (None,))[0] == session_id:
+                del self._index[key]
+
+    def __len__(self) -> int:
+        return len(self._keys)

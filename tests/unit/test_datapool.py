@@ -1,0 +1,199 @@
+"""The data pool's log: idempotent writes, next-state pairing, rewards, sessions, reads, export.
+
+Real SQLite files in tmp_path; no mocks.
+"""
+
+import asyncio
+import json
+import sqlite3
+
+import pytest
+
+from clawr1.core.config import PoolConfig
+from clawr1.core.records import Hint, Reward, Step
+from clawr1.datapool import POOL_FILE, PoolFullError, SQLitePool, UnknownSessionError, UnknownStepError
+
+
+def conversation(turn: int) -> list[dict]:
+    """The messages a stock client sends at `turn`: full history, then the newest user message."""
+    messages = [{"role": "system", "content": "be brief"}]
+    for t in range(turn):
+        messages += [{"role": "user", "content": f"question {t}"}, {"role": "assistant", "content": f"answer {t}"}]
+    return messages + [{"role": "user", "content": f"question {turn}"}]
+
+
+def make_step(step_id: str, session: str = "s1", turn: int = 0, turn_type: str = "main", version: int = 0,
+              tenant: str = "default", messages: list[dict] | None = None) -> Step:
+    return Step(step_id=step_id, tenant=tenant, session_id=session, prompt_id=f"{session}-p", turn_index=turn,
+                turn_type=turn_type, messages=messages or conversation(turn), tools=None, prompt_ids=[1, 2, 3],
+                token_ids=[7, 8, 9], logprobs=[-0.5, -1.25, -0.125], text=f"answer {turn}", policy_version=version,
+                adapter=None, finish_reason="stop", temperature=1.0, timings={"total_ms": 3.5})
+
+
+@pytest.fixture
+def pool(tmp_path):
+    with SQLitePool(tmp_path) as pool:
+        yield pool
+
+
+def test_every_pool_config_field_has_a_docstring():
+    for name, field in PoolConfig.model_fields.items():
+        assert field.description, f"PoolConfig.{name} has no docstring"
+
+
+def test_step_round_trips_token_for_token(pool, tmp_path):
+    step = make_step("a")
+    step.logprobs = [-0.1, -1e-12, -23.456789012345678]  # float64: the importance ratio needs them exact
+    step.prompt_ids, step.tools = list(range(5000)), [{"type": "function", "function": {"name": "ls"}}]
+    assert pool.append_step(step) is True
+    (back,) = pool.get_steps(["a"])
+    assert back == step
+    assert (tmp_path / POOL_FILE).exists()
+    assert sqlite3.connect(tmp_path / POOL_FILE).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_tokens_and_logprobs_must_line_up():
+    with pytest.raises(ValueError, match="2 token ids but 1 logprobs"):
+        Step(step_id="x", tenant="t", session_id="s", prompt_id="p", turn_index=0, turn_type="main", messages=[],
+             tools=None, prompt_ids=[], token_ids=[1, 2], logprobs=[-1.0], text="", policy_version=0, adapter=None,
+             finish_reason="stop", temperature=1.0)
+    with pytest.raises(ValueError, match="in \\[-1, 1\\]"):
+        Reward(step_id="x", score=1.5, source="judge")
+
+
+def test_a_replayed_step_id_is_stored_once(pool):
+    first = make_step("a")
+    assert pool.append_step(first) is True
+    replay = make_step("a", turn=5)  # a retry with different content: the first write stands
+    assert pool.append_step(replay) is False
+    assert pool.append_steps([make_step("b"), make_step("b"), make_step("a")]) == [True, False, False]
+    assert pool.stats()["steps"] == 2 and pool.stats()["main_steps"] == 2
+    assert pool.get_steps(["a"])[0].turn_index == 0
+
+
+def test_the_next_main_turn_is_the_next_state(pool):
+    pool.append_steps([make_step("t0", turn=0), make_step("side", turn=1, turn_type="side"),
+                       make_step("t1", turn=1), make_step("other", session="s2", turn=1)])
+    t0, t1, side = pool.get_steps(["t0", "t1", "side"])
+    assert t0.next_state == [{"role": "user", "content": "question 1"}]
+    assert t1.next_state is None and side.next_state is None  # not yet / side turns are never paired
+    tool_turn = conversation(2)[:-1] + [{"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]},
+                                        {"role": "tool", "tool_call_id": "c1", "content": "exit code 1"}]
+    pool.append_step(make_step("t2", turn=2, messages=tool_turn))
+    assert pool.get_steps(["t1"])[0].next_state == [{"role": "tool", "tool_call_id": "c1", "content": "exit code 1"}]
+    assert pool.show("t1")["next_step_id"] == "t2"
+
+
+def test_pairing_survives_out_of_order_arrival_and_keeps_tenants_apart(pool):
+    pool.append_step(make_step("t3", turn=3))
+    pool.append_step(make_step("t1", turn=1))
+    pool.append_step(make_step("x2", turn=2, tenant="other"))  # same session id, another tenant
+    assert pool.show("t1")["next_step_id"] == "t3"
+    pool.append_steps([make_step("t2", turn=2), make_step("t0", turn=0)])
+    links = {s["step_id"]: s["next_step_id"] for s in pool.show("s1", tenant="default")["steps"]}
+    assert links == {"t0": "t1", "t1": "t2", "t2": "t3", "t3": None}
+    assert pool.show("x2")["next_step_id"] is None
+    with pytest.raises(ValueError, match="tenants"):
+        pool.show("s1")
+
+
+def test_rewards_make_samples_ready_and_the_latest_wins(pool):
+    pool.append_steps([make_step("a", turn=0), make_step("b", turn=1), make_step("c", turn=2, turn_type="side")])
+    pool.add_reward(Reward(step_id="a", score=1.0, source="judge", votes=[1, 1, 0], evidence="user said thanks"))
+    pool.add_reward(Reward(step_id="b", score=0.0, source="judge"))
+    assert pool.stats()["ready"] == 1 and pool.stats()["pending"] == 1
+    pool.add_reward(Reward(step_id="a", score=0.0, source="feedback"))  # explicit feedback overrides the judge
+    assert pool.stats()["ready"] == 0
+    assert pool.mark_ready("b") is True and pool.mark_ready("b") is False
+    assert pool.mark_ready("c") is False  # side turns never train
+    pool.add_hint(Hint(step_id="b", text="check the exit code first", source="judge"))
+    detail = pool.show("a")
+    assert [r["source"] for r in detail["rewards"]] == ["judge", "feedback"]
+    assert detail["rewards"][0]["votes"] == [1, 1, 0] and detail["sample"]["reward"] == 0.0
+    assert pool.show("b")["hints"][0]["text"] == "check the exit code first"
+
+
+def test_a_bad_write_fails_alone(pool):
+    pool.append_step(make_step("a"))
+    good, bad = (pool.submit_reward(Reward(step_id=s, score=1.0, source="judge")) for s in ("a", "nope"))
+    with pytest.raises(UnknownStepError):
+        bad.result()
+    assert good.result() is None and pool.stats()["rewards"] == 1
+    with pytest.raises(UnknownStepError):
+        pool.add_hint(Hint(step_id="nope", text="x", source="judge"))
+
+
+def test_closing_a_session_decides_its_last_turn(pool):
+    pool.append_steps([make_step("a0", "A", 0), make_step("a1", "A", 1), make_step("b0", "B", 0)])
+    assert pool.close_session("A", outcome_reward=1.0) is True
+    assert pool.close_session("A", outcome_reward=-1.0) is False  # closing twice is harmless
+    assert pool.show("a1")["rewards"][0]["source"] == "outcome" and pool.show("a1")["sample"]["status"] == "ready"
+    assert pool.close_session("B", reason="idle") is True
+    masked = pool.show("b0")["sample"]
+    assert (masked["status"], masked["reason"]) == ("dropped", "masked")
+    assert [e["kind"] for e in pool.show("B")["events"]] == ["close", "mask"]
+    with pytest.raises(UnknownSessionError):
+        pool.close_session("nope")
+    with pytest.raises(ValueError):
+        pool.close_session("A", outcome_reward=2.0)
+
+
+def test_stats_and_sessions_count_everything(pool):
+    pool.append_steps([make_step(f"s{i}-{t}", f"s{i}", t) for i in range(3) for t in range(2)])
+    pool.append_step(make_step("side", "s0", 2, turn_type="side"))
+    pool.add_reward(Reward(step_id="s0-0", score=1.0, source="judge"))
+    pool.add_hint(Hint(step_id="s0-0", text="be shorter", source="judge"))
+    pool.close_session("s2")
+    stats = pool.stats()
+    assert {k: stats[k] for k in ("sessions", "open_sessions", "steps", "main_steps", "rewards", "hints")} == {
+        "sessions": 3, "open_sessions": 2, "steps": 7, "main_steps": 6, "rewards": 1, "hints": 1}
+    assert (stats["pending"], stats["ready"], stats["leased"], stats["consumed"], stats["dropped"]) == (4, 1, 0, 0, 1)
+    assert stats["dropped_by_reason"] == {"masked": 1}
+    assert json.loads(json.dumps(stats)) == stats  # `clawr1 pool stats --json` prints it as is
+    listed = {s["session_id"]: s for s in pool.sessions()}
+    assert listed["s0"]["steps"] == 3 and listed["s2"]["status"] == "closed"
+    with pytest.raises(KeyError):
+        pool.show("missing")
+
+
+def test_export_jsonl_loads_back_in_trl_form(pool, tmp_path):
+    pool.append_steps([make_step("a", turn=0), make_step("b", turn=1), make_step("c", turn=2, turn_type="side")])
+    pool.add_reward(Reward(step_id="a", score=-1.0, source="judge"))
+    assert pool.export(tmp_path / "all.jsonl") == 2
+    rows = [json.loads(line) for line in (tmp_path / "all.jsonl").read_text().splitlines()]
+    assert rows[0]["prompt"] == conversation(0) and rows[0]["reward"] == -1.0
+    assert rows[0]["completion"] == [{"role": "assistant", "content": "answer 0"}]
+    assert json.loads(rows[0]["next_state"]) == [{"role": "user", "content": "question 1"}]
+    assert rows[1]["reward"] is None
+    assert pool.export(tmp_path / "rewarded.jsonl", rewarded_only=True) == 1
+    with pytest.raises(ValueError, match="jsonl or parquet"):
+        pool.export(tmp_path / "x.csv", "csv")
+
+
+def test_export_parquet(pool, tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow is not installed (parquet export is optional)")
+    pool.append_steps([make_step("a", turn=0), make_step("b", turn=1)])
+    assert pool.export(tmp_path / "x.parquet", "parquet") == 2
+    assert pq.read_table(tmp_path / "x.parquet").to_pylist()[1]["prompt"][-1]["content"] == "question 1"
+
+
+def test_async_callers_share_group_commits(pool):
+    async def main():
+        await asyncio.gather(*(asyncio.wrap_future(pool.submit_step(make_step(f"a{i}", f"s{i % 7}", i)))
+                               for i in range(300)))
+    asyncio.run(main())
+    assert pool.stats()["steps"] == 300
+
+
+def test_a_full_queue_refuses_instead_of_losing_data(tmp_path):
+    config = PoolConfig(writer_queue=4, busy_timeout_s=5)
+    with SQLitePool(tmp_path, config) as pool:
+        blocker = sqlite3.connect(tmp_path / POOL_FILE, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")  # another process holds the write lock: the writer waits
+        futures = []
+        with pytest.raises(PoolFullError):
+            for i in range(50):
+                futures.append(pool.submit_step(make_step(f"a{i}", turn=i)))
+        blocker.execute("ROLLBACK")
+        assert all(f.result() for f in futures)
+        assert pool.stats()["steps"] == len(futures)

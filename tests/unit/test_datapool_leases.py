@@ -1,0 +1,141 @@
+"""The training queue: leases, acks, expiry, staleness and the fresh/off-policy mix.
+
+Real SQLite files in tmp_path; no mocks. Expiry uses a real 0.05 s lease.
+"""
+
+import time
+
+import pytest
+
+from clawr1.core.config import PoolConfig
+from clawr1.core.records import Reward, Step
+from clawr1.datapool import SQLitePool, UnknownLeaseError
+
+
+def ready_steps(pool: SQLitePool, count: int, version: int = 0, prefix: str = "s") -> list[str]:
+    """Store `count` rewarded main turns produced by `version`; return their ids."""
+    ids = [f"{prefix}{version}-{i}" for i in range(count)]
+    pool.append_steps(Step(step_id=i, tenant="default", session_id=i, prompt_id=i, turn_index=0, turn_type="main",
+                           messages=[{"role": "user", "content": "hi"}], tools=None, prompt_ids=[1], token_ids=[2],
+                           logprobs=[-0.5], text="hello", policy_version=version, adapter=None,
+                           finish_reason="stop", temperature=1.0) for i in ids)
+    for future in [pool.submit_reward(Reward(step_id=i, score=1.0, source="judge")) for i in ids]:
+        future.result()
+    return ids
+
+
+def open_pool(tmp_path, **config) -> SQLitePool:
+    return SQLitePool(tmp_path, PoolConfig(**config))
+
+
+def test_lease_then_ack_consumes_exactly_once(tmp_path):
+    with open_pool(tmp_path) as pool:
+        ids = ready_steps(pool, 10)
+        first = pool.lease(4)
+        second = pool.lease(100)
+        assert len(first) == 4 and len(second) == 6
+        assert set(first.step_ids) | set(second.step_ids) == set(ids)
+        assert first.samples[0].reward == 1.0 and first.samples[0].weight == 1.0
+        assert len(pool.lease(5)) == 0  # nothing READY left
+        assert pool.ack(first) == 4
+        assert pool.ack(second.lease_id) == 6
+        stats = pool.stats()
+        assert (stats["ready"], stats["leased"], stats["consumed"], stats["open_leases"]) == (0, 0, 10, 0)
+
+
+def test_a_double_ack_is_harmless(tmp_path):
+    with open_pool(tmp_path) as pool:
+        ready_steps(pool, 3)
+        lease = pool.lease(3)
+        assert pool.ack(lease) == 3
+        assert pool.ack(lease) == 0
+        assert pool.ack(pool.lease(3)) == 0  # an empty lease
+        assert pool.stats()["consumed"] == 3
+        with pytest.raises(UnknownLeaseError):
+            pool.ack("no-such-lease")
+
+
+def test_an_expired_lease_returns_its_samples(tmp_path):
+    with open_pool(tmp_path, lease_seconds=0.05) as pool:
+        ids = ready_steps(pool, 5)
+        crashed = pool.lease(5)  # a trainer takes them, then dies without acking
+        assert pool.stats()["leased"] == 5
+        time.sleep(0.1)
+        assert pool.expire_leases() == 5
+        assert pool.stats()["ready"] == 5
+        retry = pool.lease(3)
+        assert set(retry.step_ids) <= set(ids)
+        # The crashed trainer's late ack consumes only what nobody leased again: no sample twice.
+        assert pool.ack(crashed) == 2
+        assert pool.ack(retry) == 3
+        assert pool.stats()["consumed"] == 5
+
+
+def test_lease_expiry_is_applied_by_lease_and_ack_too(tmp_path):
+    with open_pool(tmp_path, lease_seconds=0.05) as pool:
+        ready_steps(pool, 2)
+        first = pool.lease(2)
+        time.sleep(0.1)
+        again = pool.lease(2)  # no explicit expire_leases(): lease() sweeps first
+        assert set(again.step_ids) == set(first.step_ids)
+        time.sleep(0.1)
+        assert pool.ack(again) == 2  # expired but not leased again: still consumed, once
+        assert pool.ack(first) == 0
+
+
+def test_stale_samples_are_dropped_with_the_reason(tmp_path):
+    with open_pool(tmp_path, max_staleness=2) as pool:
+        old = ready_steps(pool, 3, version=0)
+        ok = ready_steps(pool, 3, version=3)
+        lease = pool.lease(10, current_version=5)  # bound 2: version 3 is fine, version 0 is not
+        assert set(lease.step_ids) == set(ok)
+        stats = pool.stats()
+        assert stats["dropped"] == 3 and stats["dropped_by_reason"] == {"stale": 3}
+        assert pool.show(old[0])["sample"]["reason"] == "stale"
+        assert len(pool.lease(10, max_staleness=100, current_version=5)) == 0  # dropped stays dropped
+
+
+def test_stale_samples_can_be_downweighted_instead(tmp_path):
+    with open_pool(tmp_path, stale_policy="downweight", stale_weight=0.25) as pool:
+        old = ready_steps(pool, 2, version=0)
+        fresh = ready_steps(pool, 2, version=9)
+        lease = pool.lease(4, max_staleness=1, current_version=9)
+        weights = {s.step_id: (s.weight, s.reason) for s in lease.samples}
+        assert all(weights[i] == (0.25, "stale") for i in old)
+        assert all(weights[i] == (1.0, None) for i in fresh)
+        assert pool.stats()["dropped"] == 0
+
+
+def test_fresh_and_off_policy_samples_mix_by_the_configured_fraction(tmp_path):
+    with open_pool(tmp_path, fresh_fraction=0.75, max_staleness=10) as pool:
+        older = ready_steps(pool, 20, version=1)
+        fresh = ready_steps(pool, 20, version=2)
+        lease = pool.lease(8, current_version=2)
+        assert sum(i in fresh for i in lease.step_ids) == 6 and sum(i in older for i in lease.step_ids) == 2
+        pool.ack(lease)
+        # When one kind runs short the other fills in, so a lease is never smaller than what is READY.
+        lease = pool.lease(100, current_version=2)
+        assert len(lease) == 32
+
+
+def test_fresh_samples_are_leased_oldest_first(tmp_path):
+    with open_pool(tmp_path, fresh_fraction=1.0) as pool:
+        first = ready_steps(pool, 3, prefix="first")
+        ready_steps(pool, 3, prefix="later")
+        assert list(pool.lease(3).step_ids) == first
+
+
+def test_two_pools_on_one_file_share_the_queue(tmp_path):
+    with open_pool(tmp_path) as gateway, open_pool(tmp_path) as trainer:  # as two processes would
+        ready_steps(gateway, 6)
+        lease = trainer.lease(6)
+        assert len(lease) == 6 and gateway.stats()["leased"] == 6
+        assert trainer.ack(lease) == 6 and gateway.stats()["consumed"] == 6
+
+
+def test_bad_lease_arguments(tmp_path):
+    with open_pool(tmp_path) as pool:
+        with pytest.raises(ValueError):
+            pool.lease(0)
+        with pytest.raises(ValueError):
+            pool.lease(4, max_staleness=-1)

@@ -1,0 +1,201 @@
+"""The gateway over real HTTP on 127.0.0.1: the official openai client, sessions, errors, recording."""
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from clawr1.core.config import load_config
+from clawr1.datapool import SQLitePool
+from clawr1.gateway.app import create_app
+from tests.conftest import run
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def server(engine, tmp_path):
+    """A live gateway on the tiny model; yields (base_url, pool)."""
+    config = load_config(None, [f'data_dir="{tmp_path}"', "gateway.max_body_bytes=65536"])
+    pool = SQLitePool(tmp_path, config.pool)
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(create_app(engine, pool, config), host="127.0.0.1", port=port,
+                                        log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 20
+    while not srv.started and time.time() < deadline:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}", pool
+    srv.should_exit = True
+    thread.join(timeout=10)
+    pool.close()
+
+
+def steps_of(pool, count, timeout=10.0):
+    """The pool's steps once `count` of them are committed (recording happens after the reply)."""
+    deadline = time.time() + timeout
+    while pool.stats()["steps"] < count and time.time() < deadline:
+        time.sleep(0.02)
+    sessions = pool.sessions(limit=1000)
+    ids = []
+    for s in sessions:
+        ids += [t["step_id"] for t in pool.show(s["session_id"])["steps"]]
+    return pool.get_steps(ids)
+
+
+def client(base):
+    return openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+
+
+def test_openai_client_reply_is_recorded_token_faithfully(server, engine):
+    base, pool = server
+    reply = client(base).chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Say something."}], max_tokens=12, temperature=0.8,
+        seed=3, logprobs=True)
+    assert reply.system_fingerprint == "clawr1-v0"
+    text = reply.choices[0].message.content
+    [step] = steps_of(pool, 1)
+    assert engine.tokenizer.decode(step.token_ids, skip_special_tokens=True) == text
+    assert step.logprobs == [c.logprob for c in reply.choices[0].logprobs.content]
+    assert step.policy_version == 0 and step.turn_type == "main" and step.messages[0]["content"] == "Say something."
+    assert reply.usage.completion_tokens == len(step.token_ids)
+
+
+def test_streaming_deltas_are_the_recorded_text(server, engine):
+    base, pool = server
+    chunks = list(client(base).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Stream please."}], max_tokens=16, temperature=0,
+        stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish in (["stop"], ["length"])
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    [step] = steps_of(pool, 1)
+    assert engine.tokenizer.decode(step.token_ids, skip_special_tokens=True) == text
+    assert chunks[-1].usage.completion_tokens == len(step.token_ids)
+
+
+def test_async_client_concurrent_requests(server):
+    base, pool = server
+
+    async def go():
+        c = openai.AsyncOpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
+        return await asyncio.gather(*[c.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": f"Question {i}"}], max_tokens=6) for i in range(6)])
+
+    replies = run(go())
+    assert len(replies) == 6 and len(steps_of(pool, 6)) == 6
+    assert pool.stats()["sessions"] == 6  # six unrelated conversations
+
+
+def test_session_identification(server):
+    base, pool = server
+    c = client(base)
+    ask = dict(model="m", max_tokens=4, temperature=0)
+    # 1. URL path ids
+    httpx.post(f"{base}/sess-A/prompt-1/v1/chat/completions",
+               json={"messages": [{"role": "user", "content": "hi"}], **ask}).raise_for_status()
+    # 2. headers
+    c.chat.completions.create(messages=[{"role": "user", "content": "hi"}], **ask,
+                              extra_headers={"X-Session-Id": "sess-B", "X-Turn-Type": "side"})
+    # 4. automatic: two interleaved stock-client conversations, each replaying its history
+    histories = {"x": [{"role": "user", "content": "I am conversation X"}],
+                 "y": [{"role": "user", "content": "I am conversation Y"}]}
+    for turn in range(3):
+        for name, history in histories.items():
+            reply = c.chat.completions.create(messages=history, **ask)
+            history += [{"role": "assistant", "content": reply.choices[0].message.content},
+                        {"role": "user", "content": f"{name} turn {turn + 1}"}]
+    steps = steps_of(pool, 8)
+    by_session = {}
+    for step in steps:
+        by_session.setdefault(step.session_id, []).append(step)
+    assert by_session["sess-A"][0].prompt_id == "prompt-1"
+    assert by_session["sess-B"][0].turn_type == "side"
+    auto = [s for sid, s in by_session.items() if sid not in ("sess-A", "sess-B")]
+    assert sorted(len(s) for s in auto) == [3, 3]
+    for session in auto:
+        first = {s.messages[0]["content"] for s in session}
+        assert len(first) == 1  # never mixed
+        assert sorted(s.turn_index for s in session) == [0, 1, 2]
+
+
+def test_matcher_tolerates_a_dropped_trailing_message_and_rewritten_tool_ids(server):
+    """OpenClaw appends an internal-context message that the next request drops."""
+    base, pool = server
+    c = client(base)
+    ask = dict(model="m", max_tokens=4, temperature=0)
+    internal = {"role": "user", "content": [{"type": "text", "text": "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>> ..."}]}
+    history = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "first"}]
+    reply = c.chat.completions.create(messages=history + [internal], **ask)
+    history += [{"role": "assistant", "content": reply.choices[0].message.content}, {"role": "user", "content": "second"}]
+    c.chat.completions.create(messages=history + [internal], **ask)
+    steps = steps_of(pool, 2)
+    assert len({s.session_id for s in steps}) == 1
+
+
+@pytest.mark.parametrize("body,status,param", [
+    (b"{not json", 400, None),
+    (json.dumps({"model": "m", "messages": []}).encode(), 400, "messages"),
+    (json.dumps({"model": "m", "messages": "hi"}).encode(), 400, "messages"),
+    (json.dumps({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}).encode(), 400, "messages[0].role"),
+    (json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}).encode(), 400, "max_tokens"),
+    (json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 5}).encode(), 400, "temperature"),
+    (json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                 "tools": [{"type": "function", "function": {"name": "bad name!"}}]}).encode(), 400, "tools.0.function.name"),
+    (json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 70000}]}).encode(), 413, None),
+])
+def test_bad_input_gets_openai_errors_and_stores_nothing(server, body, status, param):
+    base, pool = server
+    response = httpx.post(f"{base}/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert error["param"] == param
+    time.sleep(0.1)
+    assert pool.stats()["steps"] == 0
+
+
+def test_unknown_route_and_models(server):
+    base, _ = server
+    assert httpx.get(f"{base}/v1/nope").json()["error"]["code"] == "unknown_route"
+    assert httpx.get(f"{base}/v1/models").json()["data"][0]["id"] == "smollm2-135m-instruct"
+    assert httpx.get(f"{base}/healthz").json()["ok"] is True
+
+
+def test_api_keys_are_required_when_configured(engine, tmp_path):
+    from fastapi.testclient import TestClient
+
+    config = load_config(None, [f'data_dir="{tmp_path}"', 'gateway.api_keys=["sk-good"]'])
+    pool = SQLitePool(tmp_path, config.pool)
+    try:
+        with TestClient(create_app(engine, pool, config)) as http:
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+            for headers in ({}, {"Authorization": "Bearer sk-bad"}, {"Authorization": "sk-good"}):
+                response = http.post("/v1/chat/completions", json=body, headers=headers)
+                assert response.status_code == 401
+                assert response.json()["error"]["code"] == "invalid_api_key"
+            assert http.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-good"}).status_code == 200
+        assert pool.stats()["steps"] <= 1
+    finally:
+        pool.close()
+
+
+def test_refuses_to_expose_without_keys(tmp_path):
+    from clawr1.gateway.server import check_exposure
+
+    with pytest.raises(ValueError, match="without API keys"):
+        check_exposure(load_config(None, ['gateway.host="0.0.0.0"']))
+    assert "loopback" in check_exposure(load_config(None, []))
+    assert "1 API key" in check_exposure(load_config(None, ['gateway.host="0.0.0.0"', 'gateway.api_keys=["k"]']))
