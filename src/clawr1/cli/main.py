@@ -64,7 +64,7 @@ def cmd_chat(args: argparse.Namespace, config: Config) -> int:
             messages = ([{"role": "system", "content": args.system}] if args.system else [])
             messages.append({"role": "user", "content": args.prompt})
             sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
-            stream = engine.generate(engine.render(messages), sampling, adapter=args.adapter)
+            stream = engine.generate(engine.render(messages), sampling)
             async for event in stream:
                 console.out(event.text, end="", highlight=False)
             gen = stream.generation
@@ -148,7 +148,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int)
-    p.add_argument("--adapter", help="a loaded adapter name (default: the base model)")
     p.set_defaults(fn=cmd_chat)
 
     p = sub.add_parser("serve", help="the OpenAI-compatible gateway: serve and record (no training)")

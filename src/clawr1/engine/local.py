@@ -68,6 +68,9 @@ class _Request:
     submitted: float = field(default_factory=time.perf_counter)
 
     def send(self, item: Any) -> None:
+        if self.loop.is_closed():  # its caller is gone: stop generating rather than kill the thread
+            self.cancelled = True
+            return
         self.loop.call_soon_threadsafe(self.out.put_nowait, item)
 
 
@@ -117,6 +120,7 @@ class LocalEngine:
         self._slots = AdapterSlots(self._base)
         self._adapters: dict[str, tuple[str, int]] = {}  # name -> (peft key, version)
         self._retired: set[str] = set()
+        self._holds: collections.Counter[str] = collections.Counter()  # slot -> requests using it
         self._lock = threading.Lock()
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
         self._waiting: collections.deque[_Request] = collections.deque()
@@ -179,7 +183,10 @@ class LocalEngine:
         if not 0 < temperature <= 2:
             raise InvalidRequestError(f"temperature must be in (0, 2], got {temperature}", "temperature")
         key, _ = self._resolve(adapter)
-        return await self._call(lambda: self._score(prompt_ids, completion_ids, key, temperature))
+        try:
+            return await self._call(lambda: self._score(prompt_ids, completion_ids, key, temperature))
+        finally:
+            self._release_hold(key)
 
     async def load_adapter(self, name: str, path: Path) -> int:
         """Load a published adapter directory under `name`; returns its version. Atomic swap."""
@@ -218,7 +225,13 @@ class LocalEngine:
         with self._lock:
             if adapter not in self._adapters:
                 raise UnknownAdapterError(f"adapter {adapter!r} is not loaded (loaded: {sorted(self._adapters)})", "model")
+            # Held from resolution on, so a swap racing this request cannot recycle its slot.
+            self._holds[self._adapters[adapter][0]] += 1
             return self._adapters[adapter]
+
+    def _release_hold(self, key: str) -> None:
+        with self._lock:
+            self._holds[key] -= 1
 
     async def _call(self, fn: Callable[[], Any]) -> Any:
         future: Future = Future()
@@ -310,7 +323,7 @@ class LocalEngine:
         gen.logprobs.append(logprob)
         request.last_token = token
         if token in self.eos_ids:
-            request.send(TokenEvent(token, logprob, ""))
+            request.send(TokenEvent(token, logprob, self._flush(request)))
             return self._finish(request, "stop")
         gen.text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
         for stop in s.stop:
@@ -330,7 +343,7 @@ class LocalEngine:
         for stop in request.sampling.stop:
             for n in range(min(len(stop) - 1, end), 0, -1):
                 if text[end - n:end] == stop[:n]:
-                    end = min(end, len(text) - n)
+                    end -= n
                     break
         delta = text[request.emitted:end] if end > request.emitted else ""
         request.emitted = max(request.emitted, end)
@@ -347,6 +360,7 @@ class LocalEngine:
             request.gen.finish_reason = "aborted" if request.cancelled else reason
             with self._lock:
                 self._pending -= 1
+                self._holds[request.key] -= 1
             request.send(request.gen)
 
     def _drop_finished(self) -> None:
@@ -386,8 +400,8 @@ class LocalEngine:
         """Release retired slots that no request holds any more."""
         if not self._retired:
             return
-        held = {r.key for r in self._running} | {r.key for r in self._waiting}
         with self._lock:
+            held = {key for key, count in self._holds.items() if count > 0}
             live = {key for key, _ in self._adapters.values()}
         for key in [k for k in self._retired if k not in held and k not in live]:
             self._retired.discard(key)
