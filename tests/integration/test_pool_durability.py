@@ -99,7 +99,8 @@ def test_acknowledged_steps_survive_sigkill(tmp_path):
             assert not missing, f"round {round_}: {len(missing)} acknowledged steps lost, e.g. {sorted(missing)[:5]}"
             counts = conn.execute("SELECT count(*), count(DISTINCT step_id) FROM steps").fetchone()
             assert counts[0] == counts[1]
-            assert conn.execute("SELECT count(*) FROM samples WHERE status = 'leased' AND lease_id IS NULL").fetchone()[0] == 0
+            orphans = "SELECT count(*) FROM samples WHERE status = 'leased' AND lease_id IS NULL"
+            assert conn.execute(orphans).fetchone()[0] == 0
         finally:
             conn.close()
     assert len(acknowledged) > 1000, "the rounds were too short to test anything"

@@ -197,3 +197,19 @@ def test_a_full_queue_refuses_instead_of_losing_data(tmp_path):
         blocker.execute("ROLLBACK")
         assert all(f.result() for f in futures)
         assert pool.stats()["steps"] == len(futures)
+
+
+def test_a_batch_larger_than_one_statement_is_split(tmp_path):
+    from clawr1.datapool import ops
+    from clawr1.datapool.schema import connect, ensure_schema, step_row
+
+    conn = connect(tmp_path / POOL_FILE, PoolConfig())
+    ensure_schema(conn)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 40)  # 2 step rows a statement
+    rows = [step_row(make_step(f"t{t}", turn=t)) for t in (4, 0, 2, 1, 3)]
+    conn.execute("BEGIN IMMEDIATE")
+    assert ops.insert_steps(conn, rows + rows[:1]) == [True] * 5 + [False]
+    conn.execute("COMMIT")
+    links = dict(conn.execute("SELECT step_id, next_step_id FROM samples").fetchall())
+    assert links == {"t0": "t1", "t1": "t2", "t2": "t3", "t3": "t4", "t4": None}
+    conn.close()

@@ -11,16 +11,15 @@ import sqlite3
 import time
 
 from clawr1.core.config import PoolConfig
-from clawr1.core.records import Hint, Lease, Reward, Sample
+from clawr1.core.records import Hint, Lease, Reward, Sample, SessionEvent
 from clawr1.datapool.base import UnknownLeaseError, UnknownSessionError, UnknownStepError
 from clawr1.datapool.schema import INSERT_STEP, STEP_COLUMNS, dumps
 
-# A batch of steps is stored with one multi-row INSERT (the `step_stored` trigger does the rest):
-# each execute releases and retakes the GIL, and while callers are busy encoding steps every
-# retake can wait a whole switch interval (5 ms), so statements per batch, not per row, set the
-# pace. SQLite binds at most 32,766 parameters: 18 per step row fits 1,820 rows a statement.
-MAX_PARAMETERS = 32_766
-ROWS_PER_INSERT = MAX_PARAMETERS // len(STEP_COLUMNS)
+# A batch of steps is stored with as few statements as SQLite's parameter limit allows (the
+# `step_stored` trigger does the rest in the same statement). Each execute hands the GIL back and
+# forth, and callers encoding steps want it too: a multi-row INSERT measured ~1.6x faster than
+# executemany, which steps once per row.
+_ONE_ROW = "(" + ", ".join("?" * len(STEP_COLUMNS)) + ")"
 
 
 def insert_steps(conn: sqlite3.Connection, rows: list[tuple]) -> list[bool]:
@@ -29,10 +28,11 @@ def insert_steps(conn: sqlite3.Connection, rows: list[tuple]) -> list[bool]:
     A replay changes nothing: the first write stands. New main turns become PENDING samples and
     are linked to their neighbours (the next main turn holds a step's next state).
     """
+    limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
     stored: set[str] = set()
     unique = list(dict.fromkeys(row[0] for row in rows))
-    for start in range(0, len(unique), MAX_PARAMETERS):
-        chunk = unique[start:start + MAX_PARAMETERS]
+    for start in range(0, len(unique), limit):
+        chunk = unique[start:start + limit]
         query = f"SELECT step_id FROM steps WHERE step_id IN ({', '.join('?' * len(chunk))})"
         stored.update(step_id for (step_id,) in conn.execute(query, chunk).fetchall())
     fresh, results = [], []
@@ -41,10 +41,10 @@ def insert_steps(conn: sqlite3.Connection, rows: list[tuple]) -> list[bool]:
         if results[-1]:
             stored.add(row[0])  # a second copy within this batch is a replay too
             fresh.append(row)
-    one = "(" + ", ".join("?" * len(STEP_COLUMNS)) + ")"
-    for start in range(0, len(fresh), ROWS_PER_INSERT):
-        chunk = fresh[start:start + ROWS_PER_INSERT]
-        conn.execute(f"{INSERT_STEP} {', '.join([one] * len(chunk))}", [value for row in chunk for value in row])
+    per_statement = limit // len(STEP_COLUMNS)
+    for start in range(0, len(fresh), per_statement):
+        chunk = fresh[start:start + per_statement]
+        conn.execute(f"{INSERT_STEP} {', '.join([_ONE_ROW] * len(chunk))}", [value for row in chunk for value in row])
     return results
 
 
@@ -81,19 +81,24 @@ def mark_ready(conn: sqlite3.Connection, step_id: str) -> bool:
                         "WHERE step_id = ? AND status = 'pending'", (now, now, step_id)).rowcount == 1
 
 
+def _insert_event(conn: sqlite3.Connection, event: SessionEvent) -> None:
+    conn.execute("INSERT INTO events (tenant, session_id, kind, data, created_at) VALUES (?, ?, ?, ?, ?)",
+                 (event.tenant, event.session_id, event.kind, dumps(event.data), event.created_at))
+
+
 def close_session(conn: sqlite3.Connection, tenant: str, session_id: str, outcome: float | None, reason: str) -> bool:
-    row = conn.execute("SELECT status FROM sessions WHERE tenant = ? AND session_id = ?", (tenant, session_id)).fetchone()
+    key = (tenant, session_id)
+    row = conn.execute("SELECT status FROM sessions WHERE tenant = ? AND session_id = ?", key).fetchone()
     if row is None:
         raise UnknownSessionError(f"{tenant}/{session_id}")
     if row[0] == "closed":
         return False
     now = time.time()
     conn.execute("UPDATE sessions SET status = 'closed', closed_at = ?, updated_at = ?, outcome_reward = ? "
-                 "WHERE tenant = ? AND session_id = ?", (now, now, outcome, tenant, session_id))
-    conn.execute("INSERT INTO events (tenant, session_id, kind, data, created_at) VALUES (?, ?, 'close', ?, ?)",
-                 (tenant, session_id, dumps({"reason": reason, "outcome_reward": outcome}), now))
-    last = conn.execute("SELECT step_id FROM steps WHERE tenant = ? AND session_id = ? AND turn_type = 'main' "
-                        "ORDER BY turn_index DESC LIMIT 1", (tenant, session_id)).fetchone()
+                 "WHERE tenant = ? AND session_id = ?", (now, now, outcome, *key))
+    _insert_event(conn, SessionEvent(session_id, "close", tenant, {"reason": reason, "outcome_reward": outcome}, now))
+    last = conn.execute("SELECT step_id FROM samples WHERE tenant = ? AND session_id = ? "  # main turns only
+                        "ORDER BY turn_index DESC LIMIT 1", key).fetchone()
     if last is None:
         return True
     if outcome is not None:
@@ -101,17 +106,18 @@ def close_session(conn: sqlite3.Connection, tenant: str, session_id: str, outcom
     elif conn.execute("UPDATE samples SET status = 'dropped', reason = 'masked', updated_at = ? "
                       "WHERE step_id = ? AND status = 'pending' AND reward IS NULL", (now, last[0])).rowcount:
         # The last turn has no next state to judge it by and no outcome: mask it, say so.
-        conn.execute("INSERT INTO events (tenant, session_id, kind, data, created_at) VALUES (?, ?, 'mask', ?, ?)",
-                     (tenant, session_id, dumps({"step_id": last[0], "reason": "no next state, no outcome"}), now))
+        why = {"step_id": last[0], "why": "no next state, no outcome"}
+        _insert_event(conn, SessionEvent(session_id, "mask", tenant, why, now))
     return True
 
 
 def expire_leases(conn: sqlite3.Connection, now: float) -> int:
     """Expired leases' samples go back to READY; they keep the lease id so a late ack still
     consumes the ones nobody leased again."""
-    returned = conn.execute("UPDATE samples SET status = 'ready', updated_at = ? WHERE status = 'leased' AND lease_id IN "
-                            "(SELECT lease_id FROM leases WHERE state = 'open' AND expires_at <= ?)", (now, now)).rowcount
-    conn.execute("UPDATE leases SET state = 'expired', closed_at = ? WHERE state = 'open' AND expires_at <= ?", (now, now))
+    expired = "SELECT lease_id FROM leases WHERE state = 'open' AND expires_at <= ?1"
+    returned = conn.execute("UPDATE samples SET status = 'ready', updated_at = ?1 "
+                            f"WHERE status = 'leased' AND lease_id IN ({expired})", (now,)).rowcount
+    conn.execute(f"UPDATE leases SET state = 'expired', closed_at = ?1 WHERE lease_id IN ({expired})", (now,))
     return returned
 
 

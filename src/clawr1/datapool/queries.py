@@ -1,6 +1,7 @@
 """Reads: counts, session listings, one record in full, and the export rows.
 
-Under WAL these never block the writer and see only committed data.
+Under WAL these never block the writer and see only committed data; the caller runs each inside
+one read transaction, so the numbers of one call come from one snapshot.
 """
 
 from __future__ import annotations
@@ -23,19 +24,19 @@ def _one(conn: sqlite3.Connection, sql: str, *params: Any) -> Any:
 def stats(conn: sqlite3.Connection) -> dict[str, Any]:
     by_status = dict.fromkeys(SAMPLE_STATUSES, 0)
     by_status.update(conn.execute("SELECT status, count(*) FROM samples GROUP BY status").fetchall())
-    main = _one(conn, "SELECT count(*) FROM steps WHERE turn_type = 'main'")
+    versions = conn.execute("SELECT min(policy_version), max(policy_version) FROM samples").fetchone()
     return {
         "sessions": _one(conn, "SELECT count(*) FROM sessions"),
         "open_sessions": _one(conn, "SELECT count(*) FROM sessions WHERE status = 'open'"),
         "steps": _one(conn, "SELECT count(*) FROM steps"),
-        "main_steps": main,
+        "main_steps": _one(conn, "SELECT count(*) FROM samples"),  # one sample a main turn: no big-row scan
         "rewards": _one(conn, "SELECT count(*) FROM rewards"),
         "hints": _one(conn, "SELECT count(*) FROM hints"),
         **by_status,
         "dropped_by_reason": dict(conn.execute("SELECT reason, count(*) FROM samples WHERE status = 'dropped' "
                                                "GROUP BY reason").fetchall()),
         "open_leases": _one(conn, "SELECT count(*) FROM leases WHERE state = 'open'"),
-        "policy_versions": sorted(v for (v,) in conn.execute("SELECT DISTINCT policy_version FROM samples")),
+        "policy_versions": None if versions[0] is None else list(versions),  # [oldest, newest]
     }
 
 
@@ -71,7 +72,8 @@ def _step_detail(conn: sqlite3.Connection, row: sqlite3.Row) -> dict[str, Any]:
     detail["sample"] = None if sample is None else dict(sample)
     detail["rewards"] = [{**dict(r), "votes": json.loads(r["votes"])}
                          for r in conn.execute("SELECT * FROM rewards WHERE step_id = ? ORDER BY id", (step.step_id,))]
-    detail["hints"] = [dict(r) for r in conn.execute("SELECT * FROM hints WHERE step_id = ? ORDER BY id", (step.step_id,))]
+    hints = conn.execute("SELECT * FROM hints WHERE step_id = ? ORDER BY id", (step.step_id,))
+    detail["hints"] = [dict(r) for r in hints]
     return detail
 
 
@@ -112,6 +114,7 @@ def export_rows(conn: sqlite3.Connection, rewarded_only: bool) -> Iterator[dict[
             "JOIN samples s ON s.step_id = t.step_id LEFT JOIN steps n ON n.step_id = s.next_step_id "
             f"WHERE t.turn_type = 'main' {where} ORDER BY t.rowid"):
         prompt = [{**m, "content": _text_content(m.get("content"))} for m in json.loads(row["messages"])]
+        next_messages = None if row["next_messages"] is None else json.loads(row["next_messages"])
         yield {
             "prompt": prompt,
             "completion": [{"role": "assistant", "content": row["text"]}],
@@ -121,30 +124,35 @@ def export_rows(conn: sqlite3.Connection, rewarded_only: bool) -> Iterator[dict[
             "prompt_id": row["prompt_id"], "turn_index": row["turn_index"],
             "policy_version": row["policy_version"], "finish_reason": row["finish_reason"],
             "status": row["status"],
-            "next_state": None if row["next_messages"] is None else dumps(next_state_of(json.loads(row["next_messages"]))),
+            "next_state": None if next_messages is None else dumps(next_state_of(next_messages)),
         }
 
 
 def export(conn: sqlite3.Connection, path: Path, format: str, rewarded_only: bool) -> int:
     """Write to a temporary file, then rename: a reader never sees half an export."""
+    if format not in ("jsonl", "parquet"):
+        raise ValueError(f"export format must be jsonl or parquet, got {format!r}")
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     rows = export_rows(conn, rewarded_only)
-    if format == "jsonl":
-        count = 0
-        with open(tmp, "w", encoding="utf-8") as out:
-            for count, row in enumerate(rows, 1):
-                out.write(json.dumps(row, ensure_ascii=False) + "\n")
-    elif format == "parquet":
-        try:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-        except ImportError as error:
-            raise ImportError("parquet export needs pyarrow (pip install pyarrow); jsonl needs nothing") from error
-        table = pa.Table.from_pylist(list(rows))
-        pq.write_table(table, tmp)
-        count = table.num_rows
-    else:
-        raise ValueError(f"export format must be jsonl or parquet, got {format!r}")
-    os.replace(tmp, path)
+    try:
+        if format == "jsonl":
+            count = 0
+            with open(tmp, "w", encoding="utf-8") as out:
+                for row in rows:
+                    out.write(json.dumps(row, ensure_ascii=False) + "\n")
+                    count += 1
+        else:
+            try:
+                import pyarrow as pa
+                import pyarrow.parquet as pq
+            except ImportError as error:
+                raise ImportError("parquet export needs pyarrow (pip install pyarrow); jsonl needs nothing") from error
+            table = pa.Table.from_pylist(list(rows))
+            pq.write_table(table, tmp)
+            count = table.num_rows
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # no half-written leftovers; the error itself propagates
+        raise
     return count

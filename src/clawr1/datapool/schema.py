@@ -2,8 +2,11 @@
 
 Token ids are stored as little-endian int32 and logprobs as little-endian float64 blobs: 4 and 8
 bytes a token, packed and unpacked by `struct` in one call, and float64 so the behaviour logprobs
-the trainer's importance ratio uses come back bit-exact. Messages, tools and timings are JSON text (human-readable in any
-SQLite shell).
+the trainer's importance ratio uses come back bit-exact. Messages, tools and timings are JSON text,
+readable in any SQLite shell.
+
+Steps are append-only. A main turn's next state is not copied into it: its sample row links to the
+session's next main turn, whose messages after the last assistant reply are that next state.
 """
 
 from __future__ import annotations
@@ -102,8 +105,9 @@ CREATE TABLE IF NOT EXISTS samples (
     ready_at REAL,
     updated_at REAL NOT NULL
 ) WITHOUT ROWID;  -- looked up by key: one b-tree instead of two
--- Serves lease()'s order directly (newest version first, oldest first within it): no sort.
-CREATE INDEX IF NOT EXISTS samples_queue ON samples (status, policy_version DESC, ready_at);
+-- The READY queue in lease()'s order (newest version first, oldest first within it): no sort.
+-- Partial, so the many PENDING, CONSUMED and DROPPED samples cost it nothing.
+CREATE INDEX IF NOT EXISTS samples_ready ON samples (policy_version DESC, ready_at) WHERE status = 'ready';
 CREATE INDEX IF NOT EXISTS samples_by_session ON samples (tenant, session_id, turn_index);
 CREATE INDEX IF NOT EXISTS samples_by_lease ON samples (lease_id) WHERE lease_id IS NOT NULL;
 
@@ -114,7 +118,8 @@ CREATE TRIGGER IF NOT EXISTS step_stored AFTER INSERT ON steps BEGIN
     INSERT INTO sessions (tenant, session_id, status, created_at, updated_at)
         VALUES (NEW.tenant, NEW.session_id, 'open', NEW.created_at, NEW.created_at)
         ON CONFLICT DO UPDATE SET updated_at = max(updated_at, excluded.updated_at);
-    INSERT INTO samples (step_id, tenant, session_id, turn_index, policy_version, status, weight, updated_at, next_step_id)
+    INSERT INTO samples (step_id, tenant, session_id, turn_index, policy_version, status, weight, updated_at,
+            next_step_id)
         SELECT NEW.step_id, NEW.tenant, NEW.session_id, NEW.turn_index, NEW.policy_version, 'pending', 1.0,
             NEW.created_at, (SELECT n.step_id FROM samples n WHERE n.tenant = NEW.tenant
                 AND n.session_id = NEW.session_id AND n.turn_index > NEW.turn_index ORDER BY n.turn_index LIMIT 1)
@@ -146,10 +151,16 @@ INSERT_STEP = f"INSERT INTO steps ({', '.join(STEP_COLUMNS)}) VALUES"  # + one (
 def connect(path: Path, config: PoolConfig) -> sqlite3.Connection:
     """A connection in autocommit mode (transactions are explicit BEGIN IMMEDIATE ... COMMIT).
 
-    WAL lets readers (stats, the CLI, another process) run while the writer commits. Durability
-    against SIGKILL: COMMIT returns only after the transaction's frames are written to the WAL
-    file with write(), so they sit in the OS page cache and survive the death of this process even
-    under synchronous=NORMAL; FULL (the default) also fsyncs them, so they survive a power cut.
+    WAL lets readers (stats, the CLI, another process) run while the writer commits.
+
+    Why an acknowledged write survives SIGKILL: the writer acknowledges only after COMMIT returns,
+    and in WAL mode COMMIT returns only after the transaction's frames, commit marker included,
+    were handed to the kernel with write(). A killed process loses its memory, not the kernel's
+    page cache, so the next opener finds the frames in the WAL and recovers them; that holds for
+    both NORMAL and FULL. We default to FULL, which also fsyncs the WAL at each commit so a power
+    cut or kernel crash cannot lose an acknowledged step either; group commit pays that one fsync
+    for a whole batch. NORMAL (`pool.synchronous`) skips it: it is as safe against process crashes
+    and only trades away the machine-crash guarantee.
     """
     conn = sqlite3.connect(path, timeout=config.busy_timeout_s, isolation_level=None, check_same_thread=False)
     # Only takes effect when the file is created. A step row is ~3 KB and more with long prompts:

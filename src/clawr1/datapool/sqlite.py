@@ -26,6 +26,15 @@ from clawr1.datapool.writer import GroupCommitWriter, run_each
 POOL_FILE = "pool.sqlite3"
 
 
+def _snapshot(conn: sqlite3.Connection, fn: Any, *args: Any) -> Any:
+    """Run a read inside one read transaction: every query of it sees the same committed state."""
+    conn.execute("BEGIN")
+    try:
+        return fn(conn, *args)
+    finally:
+        conn.execute("COMMIT")  # ends a read transaction; nothing was written
+
+
 class SQLitePool(DataPool):
     """`DataPool` on SQLite. Thread-safe; async callers wrap `submit_step`'s future."""
 
@@ -91,7 +100,7 @@ class SQLitePool(DataPool):
 
     def _read(self, fn: Any, *args: Any) -> Any:
         with self._read_lock:
-            return fn(self._reader, *args)
+            return _snapshot(self._reader, fn, *args)
 
     def get_steps(self, step_ids: Iterable[str]) -> list[Step]:
         return self._read(queries.get_steps, list(step_ids))
@@ -111,7 +120,7 @@ class SQLitePool(DataPool):
         conn = connect(self.path, self.config)
         conn.row_factory = sqlite3.Row
         try:
-            return queries.export(conn, Path(path), format, rewarded_only)
+            return _snapshot(conn, queries.export, Path(path), format, rewarded_only)
         finally:
             conn.close()
 
