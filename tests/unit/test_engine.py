@@ -131,3 +131,40 @@ def test_max_tokens_is_clamped_to_the_context(engine):
     long_prompt = (ids * 40)[: engine.max_context - 2]
     gen = run(generate(engine, long_prompt, max_tokens=1000, temperature=0))
     assert len(gen.token_ids) <= 2 and room > 2
+
+
+def test_a_late_request_joins_the_running_batch_and_leaves_first(engine):
+    """Continuous batching: a short request admitted mid-decode finishes while a long one runs on,
+    and both keep exact logprobs (the join re-pads the cache on either side)."""
+    async def go():
+        long_prompt = prompt(engine, "short")
+        late_prompt = prompt(engine, "a much longer question " * 6)
+        long = engine.generate(long_prompt, SamplingParams(max_tokens=120, temperature=0.9, seed=5))
+        await anext(aiter(long))
+        late = engine.generate(late_prompt, SamplingParams(max_tokens=6, temperature=0.9, seed=6))
+        late_gen = await late.final()
+        long_running = long.generation is None and len(long._request.gen.token_ids) < 120
+        long_gen = await long.final()
+        scores = [await engine.score(p, g.token_ids, temperature=0.9)
+                  for p, g in ((long_prompt, long_gen), (late_prompt, late_gen))]
+        return long_running, [long_gen, late_gen], scores
+
+    long_running, gens, scores = run(go())
+    assert long_running
+    for gen, scored in zip(gens, scores):
+        assert max(abs(a - b) for a, b in zip(gen.logprobs, scored)) <= 1e-3
+
+
+def test_generate_after_close_fails_fast(tiny_model_dir):
+    from clawr1.core.config import EngineConfig
+    from clawr1.core.types import EngineFailure
+    from clawr1.engine.local import LocalEngine
+
+    closed = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1))
+    run(closed.close())
+
+    async def go():
+        return closed.generate(prompt(closed), SamplingParams(max_tokens=2))
+
+    with pytest.raises(EngineFailure, match="closed"):
+        run(go())

@@ -21,9 +21,8 @@ import logging
 import queue
 import random
 import threading
-import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -65,7 +64,6 @@ class _Request:
     cancelled: bool = False
     emitted: int = 0  # characters of visible text already streamed
     last_token: int = -1
-    submitted: float = field(default_factory=time.perf_counter)
 
     def send(self, item: Any) -> None:
         if self.loop.is_closed():  # its caller is gone: stop generating rather than kill the thread
@@ -150,6 +148,8 @@ class LocalEngine:
 
     def generate(self, prompt_ids: list[int], sampling: SamplingParams, adapter: str | None = None) -> LocalStream:
         """Start a generation. Bad input raises here, before anything streams."""
+        if self._closed:
+            raise EngineFailure("the engine is closed")
         self._check_prompt(prompt_ids)
         room = self.max_context - len(prompt_ids)
         if room < 1:
@@ -230,8 +230,9 @@ class LocalEngine:
             return self._adapters[adapter]
 
     def _release_hold(self, key: str) -> None:
-        with self._lock:
-            self._holds[key] -= 1
+        if key != BASE:  # the base model is never released, so it is not counted
+            with self._lock:
+                self._holds[key] -= 1
 
     async def _call(self, fn: Callable[[], Any]) -> Any:
         future: Future = Future()
@@ -254,14 +255,13 @@ class LocalEngine:
                     self._admit()
                     if self._running:
                         self._step()
-                except Exception as exc:  # a failed forward fails its requests, not the engine
+                except Exception as exc:  # a failed decode step fails the batch it ran, not the engine
                     log.exception("engine step failed; failing %d running requests", len(self._running))
                     for request in self._running:
-                        request.send(EngineFailure(f"engine step failed: {type(exc).__name__}: {exc}"))
+                        self._settle(request, EngineFailure(f"engine step failed: {type(exc).__name__}: {exc}"))
                     self._running, self._batch = [], KVBatch(self._base.device)
-                    with self._lock:
-                        self._pending = len(self._waiting)
                 self._collect_retired()
+        self._drain(block=False)  # requests submitted just before close still get an answer
         for request in self._running + list(self._waiting):
             request.cancelled = True
             self._finish(request, "aborted")
@@ -293,8 +293,13 @@ class LocalEngine:
                 continue
             ids = torch.tensor([request.prompt_ids], device=self._base.device)
             cache = DynamicCache()
-            out = self._forward([request.key], input_ids=ids, cache=cache, logits_to_keep=1,
-                                position_ids=torch.arange(ids.shape[1], device=ids.device)[None])
+            try:
+                out = self._forward([request.key], input_ids=ids, cache=cache, logits_to_keep=1,
+                                    position_ids=torch.arange(ids.shape[1], device=ids.device)[None])
+            except Exception as exc:  # e.g. out of memory on a long prompt: fail this request only
+                log.exception("prefill of %d tokens failed", ids.shape[1])
+                self._settle(request, EngineFailure(f"prefill failed: {type(exc).__name__}: {exc}"))
+                continue
             self.stats["prefill_tokens"] += ids.shape[1]
             self._batch.add(cache, ids.shape[1])
             self._running.append(request)
@@ -322,19 +327,20 @@ class LocalEngine:
         gen.token_ids.append(token)
         gen.logprobs.append(logprob)
         request.last_token = token
+        reason = None
         if token in self.eos_ids:
-            request.send(TokenEvent(token, logprob, self._flush(request)))
-            return self._finish(request, "stop")
-        gen.text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-        for stop in s.stop:
-            if stop in gen.text:
-                gen.stop_match = stop
-                request.send(TokenEvent(token, logprob, self._flush(request)))
-                return self._finish(request, "stop")
-        if len(gen.token_ids) >= request.max_tokens:
-            request.send(TokenEvent(token, logprob, self._flush(request)))
-            return self._finish(request, "length")
-        request.send(TokenEvent(token, logprob, self._visible_delta(request)))
+            reason = "stop"  # special tokens are not text: gen.text is unchanged
+        else:
+            gen.text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+            gen.stop_match = next((stop for stop in s.stop if stop in gen.text), None)
+            if gen.stop_match is not None:
+                reason = "stop"
+            elif len(gen.token_ids) >= request.max_tokens:
+                reason = "length"
+        text = self._flush(request) if reason else self._visible_delta(request)
+        request.send(TokenEvent(token, logprob, text))
+        if reason:
+            self._finish(request, reason)
 
     def _visible_delta(self, request: _Request) -> str:
         """New text that is safe to show: no half UTF-8 character, no possible stop prefix."""
@@ -358,10 +364,15 @@ class LocalEngine:
     def _finish(self, request: _Request, reason: str) -> None:
         if request.gen.finish_reason is None:
             request.gen.finish_reason = "aborted" if request.cancelled else reason
-            with self._lock:
-                self._pending -= 1
-                self._holds[request.key] -= 1
-            request.send(request.gen)
+            self._settle(request, request.gen)
+
+    def _settle(self, request: _Request, outcome: Generation | EngineFailure) -> None:
+        """The one exit of every request: free its queue place and adapter slot, then answer it."""
+        request.gen.finish_reason = request.gen.finish_reason or "aborted"
+        with self._lock:
+            self._pending -= 1
+        self._release_hold(request.key)
+        request.send(outcome)
 
     def _drop_finished(self) -> None:
         for request in self._running:

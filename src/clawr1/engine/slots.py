@@ -71,18 +71,23 @@ class AdapterSlots:
         return slot
 
     def release(self, slot: str, in_use: set[str]) -> None:
-        """`slot` serves nothing any more. Keep one spare per shape; with nothing in use, restore
-        the bare base model exactly (LoRA layers removed)."""
+        """`slot` serves nothing any more. Keep it as a spare (two at most: a double buffer) if a
+        later version can be copied into it; with nothing in use, restore the bare base model
+        exactly (LoRA layers removed)."""
         if not in_use:
             self.base = self.peft.unload()
             self.peft, self._free, self._signature = None, [], {}
             return
-        if self._signature[slot] is not None and slot not in self._free:
+        if self._signature[slot] is None:
+            self._delete(slot)
+        else:
             self._free.append(slot)
-        while len(self._free) > 2:  # more spares than a double buffer needs
-            spare = self._free.pop(0)
-            self.peft.delete_adapter(spare)
-            del self._signature[spare]
+        while len(self._free) > 2:
+            self._delete(self._free.pop(0))
+
+    def _delete(self, slot: str) -> None:
+        self.peft.delete_adapter(slot)
+        del self._signature[slot]
 
     def _copy_into(self, slot: str, path: Path) -> None:
         state = load_file(path / "adapter_model.safetensors")
