@@ -199,3 +199,15 @@ def test_refuses_to_expose_without_keys(tmp_path):
         check_exposure(load_config(None, ['gateway.host="0.0.0.0"']))
     assert "loopback" in check_exposure(load_config(None, []))
     assert "1 API key" in check_exposure(load_config(None, ['gateway.host="0.0.0.0"', 'gateway.api_keys=["k"]']))
+
+
+def test_streamed_logprobs_cover_every_sampled_token(server):
+    base, pool = server
+    chunks = list(client(base).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Stream with logprobs."}], max_tokens=12, temperature=0.7,
+        seed=2, logprobs=True, stream=True))
+    streamed = [entry.logprob for c in chunks if c.choices and c.choices[0].logprobs
+                for entry in c.choices[0].logprobs.content]
+    [step] = steps_of(pool, 1)
+    assert streamed == step.logprobs
+    assert {c.system_fingerprint for c in chunks} == {"clawr1-v0"}

@@ -149,15 +149,9 @@ async def _adapter_phase(engine: LocalEngine, hf: Any, prompts: list[list[int]],
     trainer = get_peft_model(hf, lora, adapter_name=ADAPTER)
     with tempfile.TemporaryDirectory(prefix="clawr1-bench-") as root:
         v1 = adapters.publish(trainer, Path(root), ADAPTER, 1)
-        with torch.no_grad():  # v2 = different weights, as after a training step
-            for name, param in trainer.named_parameters():
-                if "lora_B" in name:
-                    param.mul_(-1)
+        _scale_lora_b(trainer, -1.0)  # different weights, as after a training step
         v2 = adapters.publish(trainer, Path(root), ADAPTER, 2)
-        with torch.no_grad():
-            for name, param in trainer.named_parameters():
-                if "lora_B" in name:
-                    param.mul_(0.5)
+        _scale_lora_b(trainer, 0.5)
         v3 = adapters.publish(trainer, Path(root), ADAPTER, 3)
 
         start = time.perf_counter()
@@ -201,6 +195,13 @@ async def _adapter_phase(engine: LocalEngine, hf: Any, prompts: list[list[int]],
         "running_kept_v1": all(g.version == 1 for g in gens),  # submitted before the swap: pinned to v1
         "new_request_version": after.version,  # submitted after: must get v2
     }
+
+
+def _scale_lora_b(model: Any, factor: float) -> None:
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.mul_(factor)
 
 
 def _table(r: dict[str, Any]) -> Table:

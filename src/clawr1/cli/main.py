@@ -27,15 +27,18 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, help="torch threads for this process (0 = torch default)")
 
 
+# Dedicated flags and the config key each one sets (a flag absent from a subcommand is skipped).
+FLAGS = {"data_dir": "data_dir", "model": "engine.model", "threads": "engine.threads",
+         "host": "gateway.host", "port": "gateway.port"}
+
+
 def resolve(args: argparse.Namespace) -> Config:
     """Config from file, then --set overrides, then the dedicated flags."""
     overrides = list(args.overrides)
-    if args.data_dir is not None:
-        overrides.append(f"data_dir={json.dumps(str(args.data_dir))}")
-    if args.model is not None:
-        overrides.append(f"engine.model={json.dumps(args.model)}")
-    if args.threads is not None:
-        overrides.append(f"engine.threads={args.threads}")
+    for flag, key in FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides.append(f"{key}={json.dumps(str(value) if isinstance(value, Path) else value)}")
     return load_config(args.config, overrides)
 
 
@@ -63,7 +66,7 @@ def cmd_chat(args: argparse.Namespace, config: Config) -> int:
         try:
             messages = ([{"role": "system", "content": args.system}] if args.system else [])
             messages.append({"role": "user", "content": args.prompt})
-            sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+            sampling = SamplingParams(max_tokens=args.max_tokens or config.engine.default_max_tokens, temperature=args.temperature, seed=args.seed)
             stream = engine.generate(engine.render(messages), sampling)
             async for event in stream:
                 console.out(event.text, end="", highlight=False)
@@ -79,11 +82,7 @@ def cmd_chat(args: argparse.Namespace, config: Config) -> int:
 
 
 def cmd_serve(args: argparse.Namespace, config: Config) -> int:
-    from clawr1.gateway.server import serve
-
-    overrides = {"host": args.host, "port": args.port}
-    config.gateway = config.gateway.model_copy(update={k: v for k, v in overrides.items() if v is not None})
-    config.gateway.model_validate(config.gateway.model_dump())
+    from clawr1.gateway.server import UnsafeBindError, serve
 
     def ready(port: int, note: str) -> None:
         err_console.print(f"[green]Claw-R1 gateway[/green] on http://{config.gateway.host}:{port}/v1 "
@@ -91,6 +90,9 @@ def cmd_serve(args: argparse.Namespace, config: Config) -> int:
 
     try:
         asyncio.run(serve(config, on_ready=ready))
+    except UnsafeBindError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        return 2
     except KeyboardInterrupt:
         pass
     return 0
@@ -145,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("prompt")
     p.add_argument("--system", help="a system message")
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, help="default: engine.default_max_tokens")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int)
     p.set_defaults(fn=cmd_chat)

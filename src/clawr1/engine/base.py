@@ -12,6 +12,8 @@ from clawr1.core.types import Generation, ParsedCompletion, SamplingParams, Toke
 class GenerationStream(Protocol):
     """Tokens as they are sampled; `final()` drains the rest and returns the whole Generation."""
 
+    version: int  # the policy version serving it, fixed when the request was submitted
+
     def __aiter__(self) -> AsyncIterator[TokenEvent]: ...
     async def final(self) -> Generation: ...
     def cancel(self) -> None: ...
@@ -19,6 +21,7 @@ class GenerationStream(Protocol):
 
 class Engine(Protocol):
     max_context: int
+    tokenizer: Any  # a Hugging Face tokenizer: per-token text for logprobs
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]: ...
     def parse(self, text: str) -> ParsedCompletion: ...

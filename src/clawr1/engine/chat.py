@@ -16,6 +16,7 @@ import re
 import uuid
 from typing import Any
 
+from clawr1.core.messages import arguments_value, text_of
 from clawr1.core.types import InvalidRequestError, ParsedCompletion, ToolCall
 
 TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
@@ -29,35 +30,8 @@ To call a function, answer with only one line per call:
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
-def text_of(content: Any, where: str) -> str:
-    """OpenAI content (a string, null, or an array of parts) as plain text."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") not in ("text", "input_text", "output_text"):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise InvalidRequestError(f"{where}: content part of type {kind!r} is not supported by a text model", where)
-            parts.append(str(part.get("text", "")))
-        return "".join(parts)
-    raise InvalidRequestError(f"{where}: content must be a string or an array of parts", where)
-
-
-def _arguments_dict(arguments: Any) -> Any:
-    """Templates expect arguments as a mapping; OpenAI sends a JSON string."""
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
-        except json.JSONDecodeError:
-            return arguments
-    return arguments
-
-
 def format_tool_call(name: str, arguments: Any) -> str:
-    return "<tool_call>" + json.dumps({"name": name, "arguments": _arguments_dict(arguments)}) + "</tool_call>"
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments_value(arguments)}) + "</tool_call>"
 
 
 class ChatFormat:
@@ -85,7 +59,7 @@ class ChatFormat:
                 fns = [c.get("function", {}) for c in calls]
                 if self.native_tools:
                     out.append({"role": "assistant", "content": content, "tool_calls": [
-                        {"type": "function", "function": {"name": f.get("name", ""), "arguments": _arguments_dict(f.get("arguments", "{}"))}}
+                        {"type": "function", "function": {"name": f.get("name", ""), "arguments": arguments_value(f.get("arguments", "{}"))}}
                         for f in fns
                     ]})
                     continue

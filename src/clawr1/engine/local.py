@@ -77,6 +77,7 @@ class LocalStream:
 
     def __init__(self, request: _Request):
         self._request = request
+        self.version = request.gen.version
         self.generation: Generation | None = None
 
     def __aiter__(self) -> LocalStream:

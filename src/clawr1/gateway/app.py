@@ -37,7 +37,6 @@ class Gateway:
 
     # ---- request plumbing -----------------------------------------------------------------
     async def read(self, request: Request) -> schema.ChatRequest:
-        self.authenticate(request)
         raw = await request.body()
         if len(raw) > self.config.gateway.max_body_bytes:
             raise APIError(413, f"request body of {len(raw)} bytes exceeds the limit of "
@@ -81,13 +80,13 @@ class Gateway:
         except PoolFullError:
             log.error("pool queue full: step %s not recorded", step_id)
             return
-        future.add_done_callback(lambda f: f.exception() and log.error("recording %s failed: %s", step_id, f.exception()))
+        future.add_done_callback(lambda f: _log_failure(f, step_id))
 
     # ---- chat completions -----------------------------------------------------------------
     async def chat(self, request: Request, path_ids: tuple[str, str] | None) -> Any:
         started = time.perf_counter()
-        req = await self.read(request)
         tenant = self.authenticate(request)
+        req = await self.read(request)
         if req.stream and req.n > 1:
             raise APIError(400, "n > 1 is not supported with stream=true", param="n")
         tools = req.tool_dicts()
@@ -116,14 +115,14 @@ class Gateway:
         for i, gen in enumerate(gens):
             self.record(turn, req, gen, f"{cid}-{i}", started)
         self.sessions.record(turn, req.messages, schema.message_of(parsed[0]))
-        tokenizer = getattr(self.engine, "tokenizer", None)
-        return JSONResponse(schema.completion_body(cid, req.model, gens, parsed, req.logprobs, tokenizer))
+        return JSONResponse(schema.completion_body(cid, req.model, gens, parsed, req.logprobs, self.engine.tokenizer))
 
     async def stream(self, req: schema.ChatRequest, stream: Any, turn: Turn, cid: str,
                      started: float) -> AsyncIterator[str]:
         """SSE: role chunk, content deltas (tool-call markup held back), tool calls, finish, usage."""
-        version = 0
+        version = stream.version
         sent = ""  # content already streamed
+        logprobs: list[dict[str, Any]] = []  # entries not yet sent (their text may be held back)
         watch_tools = req.tool_dicts() is not None
         keepalive = self.config.gateway.keepalive_s
         gen: Generation | None = None
@@ -143,23 +142,25 @@ class Gateway:
                 except StopAsyncIteration:
                     break
                 visible += event.text
+                if req.logprobs:
+                    logprobs.append(schema.token_logprob(self.engine.tokenizer.decode([event.token_id]), event.logprob))
                 delta = _safe_text(visible, sent, watch_tools)
                 if delta:
                     sent += delta
-                    lp = {"content": [{"token": event.text, "logprob": event.logprob, "bytes": list(event.text.encode()),
-                                       "top_logprobs": []}]} if req.logprobs else None
+                    lp, logprobs = ({"content": logprobs} if logprobs else None), []
                     yield _sse(schema.chunk(cid, req.model, version, {"content": delta}, logprobs=lp))
             gen = stream.generation
             parsed = self.engine.parse(gen.content)
             if parsed.tool_calls:
                 calls = schema.message_of(parsed)["tool_calls"]
-                yield _sse(schema.chunk(cid, req.model, gen.version,
+                yield _sse(schema.chunk(cid, req.model, version,
                                         {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}))
             elif len(gen.content) > len(sent):
-                yield _sse(schema.chunk(cid, req.model, gen.version, {"content": gen.content[len(sent):]}))
-            yield _sse(schema.chunk(cid, req.model, gen.version, {}, finish=schema.finish_reason(gen, parsed)))
+                yield _sse(schema.chunk(cid, req.model, version, {"content": gen.content[len(sent):]}))
+            yield _sse(schema.chunk(cid, req.model, version, {}, finish=schema.finish_reason(gen, parsed),
+                                    logprobs={"content": logprobs} if logprobs else None))
             if req.stream_options and req.stream_options.include_usage:
-                body = schema.chunk(cid, req.model, gen.version, {})
+                body = schema.chunk(cid, req.model, version, {})
                 body["choices"], body["usage"] = [], schema.usage(len(gen.prompt_ids), len(gen.token_ids))
                 yield _sse(body)
             yield "data: [DONE]\n\n"
@@ -174,6 +175,11 @@ class Gateway:
             if gen is None:
                 gen = await stream.final()
             self.record(turn, req, gen, f"{cid}-0", started)
+
+
+def _log_failure(future: Any, step_id: str) -> None:
+    if future.exception() is not None:
+        log.error("recording %s failed: %s", step_id, future.exception())
 
 
 def _sse(body: dict[str, Any]) -> str:

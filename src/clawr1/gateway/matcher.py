@@ -17,27 +17,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-
-def _text(content: Any) -> str:
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return "" if content is None else str(content)
-
-
-def _args(arguments: Any) -> Any:
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
-        except json.JSONDecodeError:
-            return arguments.strip()
-    return arguments
+from clawr1.core.messages import arguments_value, text_of
 
 
 def fingerprint(message: dict[str, Any]) -> str:
     """What identifies a message across replays: role, trimmed text, tool calls without ids."""
-    calls = [(c.get("function", {}).get("name"), _args(c.get("function", {}).get("arguments")))
+    calls = [(c.get("function", {}).get("name"), arguments_value(c.get("function", {}).get("arguments")))
              for c in message.get("tool_calls") or []]
-    body = json.dumps([message.get("role"), _text(message.get("content")).strip(), calls], sort_keys=True)
+    body = json.dumps([message.get("role"), text_of(message.get("content"), "content").strip(), calls], sort_keys=True)
     return hashlib.blake2b(body.encode(), digest_size=16).hexdigest()
 
 

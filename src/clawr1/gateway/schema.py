@@ -88,12 +88,13 @@ def finish_reason(gen: Generation, parsed: ParsedCompletion) -> str:
     return "length" if gen.finish_reason == "length" else "stop"
 
 
+def token_logprob(text: str, logprob: float) -> dict[str, Any]:
+    """One entry of OpenAI's `logprobs.content` (no alternatives: `top_logprobs` is limited to 0)."""
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": []}
+
+
 def logprobs_of(gen: Generation, tokenizer: Any) -> dict[str, Any]:
-    content = []
-    for token_id, logprob in zip(gen.token_ids, gen.logprobs):
-        text = tokenizer.decode([token_id])
-        content.append({"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": []})
-    return {"content": content}
+    return {"content": [token_logprob(tokenizer.decode([t]), lp) for t, lp in zip(gen.token_ids, gen.logprobs)]}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

@@ -16,6 +16,10 @@ from clawr1.gateway.app import create_app
 log = logging.getLogger(__name__)
 
 
+class UnsafeBindError(ValueError):
+    """Binding a non-loopback address without API keys would expose an open model server."""
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -30,7 +34,7 @@ def check_exposure(config: Config) -> str:
     gw = config.gateway
     if not gw.api_keys:
         if not is_loopback(gw.host):
-            raise ValueError(f"refusing to bind {gw.host} without API keys: set gateway.api_keys or bind 127.0.0.1")
+            raise UnsafeBindError(f"refusing to bind {gw.host} without API keys: set gateway.api_keys or bind 127.0.0.1")
         return f"no API keys configured: serving on {gw.host} (loopback) only"
     return f"{len(gw.api_keys)} API key(s) required"
 

@@ -7,7 +7,6 @@ session keep their order.
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -30,7 +29,6 @@ class SessionResolver:
     def __init__(self) -> None:
         self.matcher = HistoryMatcher()
         self._next_turn: dict[tuple[str, str], int] = {}
-        self._last_seen: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
 
     def resolve(self, tenant: str, messages: list[dict[str, Any]], headers: dict[str, str],
@@ -52,7 +50,6 @@ class SessionResolver:
             key = (tenant, session_id)
             index = self._next_turn.get(key, 0)
             self._next_turn[key] = index + 1
-            self._last_seen[key] = time.monotonic()
         return Turn(tenant, session_id, prompt_id, index, turn_type, done, how)
 
     def record(self, turn: Turn, messages: list[dict[str, Any]], reply: dict[str, Any]) -> None:
@@ -60,15 +57,3 @@ class SessionResolver:
         if turn.turn_type == "main":
             with self._lock:
                 self.matcher.record(turn.tenant, turn.session_id, messages, reply)
-
-    def close(self, tenant: str, session_id: str) -> None:
-        with self._lock:
-            self.matcher.forget(session_id)
-            self._next_turn.pop((tenant, session_id), None)
-            self._last_seen.pop((tenant, session_id), None)
-
-    def idle(self, older_than_s: float) -> list[tuple[str, str]]:
-        """Sessions not seen for `older_than_s` seconds."""
-        cutoff = time.monotonic() - older_than_s
-        with self._lock:
-            return [key for key, seen in self._last_seen.items() if seen < cutoff]
