@@ -2,56 +2,24 @@
 
 import asyncio
 import json
-import socket
-import threading
 import time
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from clawr1.core.config import load_config
 from clawr1.datapool import SQLitePool
 from clawr1.gateway.app import create_app
 from tests.conftest import run
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.gateway_helpers import live_gateway, steps_of
 
 
 @pytest.fixture
 def server(engine, tmp_path):
     """A live gateway on the tiny model; yields (base_url, pool)."""
-    config = load_config(None, [f'data_dir="{tmp_path}"', "gateway.max_body_bytes=65536"])
-    pool = SQLitePool(tmp_path, config.pool)
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(engine, pool, config), host="127.0.0.1", port=port,
-                                        log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not srv.started and time.time() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", pool
-    srv.should_exit = True
-    thread.join(timeout=10)
-    pool.close()
-
-
-def steps_of(pool, count, timeout=10.0):
-    """The pool's steps once `count` of them are committed (recording happens after the reply)."""
-    deadline = time.time() + timeout
-    while pool.stats()["steps"] < count and time.time() < deadline:
-        time.sleep(0.02)
-    sessions = pool.sessions(limit=1000)
-    ids = []
-    for s in sessions:
-        ids += [t["step_id"] for t in pool.show(s["session_id"])["steps"]]
-    return pool.get_steps(ids)
+    with live_gateway(engine, tmp_path, "gateway.max_body_bytes=65536") as served:
+        yield served
 
 
 def client(base):

@@ -115,7 +115,21 @@ def cmd_pool(args: argparse.Namespace, config: Config) -> int:
         elif args.action == "sessions":
             print(json.dumps(pool.sessions(), indent=2))
         elif args.action == "show":
-            print(json.dumps(pool.show(args.ident), indent=2, default=str))
+            if not args.ident:
+                err_console.print("[red]error:[/red] pool show needs a session or step id")
+                return 2
+            try:
+                shown = pool.show(args.ident)
+            except KeyError as exc:  # no such step or session
+                err_console.print(f"[red]error:[/red] {exc.args[0]}")
+                return 1
+            print(json.dumps(shown, indent=2, default=str))
+        elif args.action == "export":
+            out = args.out or Path(f"clawr1-export.{args.format}")
+            with err_console.status(f"Exporting to {out} ..."):
+                rows = pool.export(out, args.format, rewarded_only=args.rewarded_only)
+            err_console.print(f"{rows} rows -> {out} (load with datasets.load_dataset("
+                              f"{'json' if args.format == 'jsonl' else 'parquet'!r}, data_files={str(out)!r}))")
     finally:
         pool.close()
     return 0
@@ -126,8 +140,19 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
         from clawr1.bench.engine import run
 
         numbers = run(config, max_tokens=args.max_tokens, console=console)
-        if args.json:
-            print(json.dumps(numbers))
+    elif args.what == "pool":
+        import tempfile
+
+        from clawr1.datapool.bench import bench_pool
+
+        with tempfile.TemporaryDirectory(prefix="clawr1-bench-pool-") as tmp:  # never the user's pool
+            numbers = bench_pool(Path(tmp), steps=args.steps, config=config.pool)
+    else:
+        from clawr1.bench.gateway import run as run_gateway
+
+        numbers = run_gateway(config, console, requests=args.requests, include_litellm=not args.no_litellm)
+    if args.json:
+        print(json.dumps(numbers))
     return 0
 
 
@@ -160,15 +185,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("pool", help="inspect the data pool")
     _common(p)
-    p.add_argument("action", choices=["stats", "sessions", "show"])
+    p.add_argument("action", choices=["stats", "sessions", "show", "export"])
     p.add_argument("ident", nargs="?", help="a session or step id (for show)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl", help="export format")
+    p.add_argument("--out", type=Path, help="export file (default clawr1-export.FORMAT)")
+    p.add_argument("--rewarded-only", action="store_true", help="export only samples with a reward")
     p.set_defaults(fn=cmd_pool)
 
     p = sub.add_parser("bench", help="benchmarks that print side-by-side ratios")
     _common(p)
-    p.add_argument("what", choices=["engine"])
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("what", choices=["engine", "pool", "gateway"])
+    p.add_argument("--max-tokens", type=int, default=64, help="engine: tokens per request")
+    p.add_argument("--steps", type=int, default=20_000, help="pool: steps to write")
+    p.add_argument("--requests", type=int, default=2000, help="gateway: requests per measurement at 64 clients")
+    p.add_argument("--no-litellm", action="store_true", help="gateway: skip the LiteLLM comparison")
     p.add_argument("--json", action="store_true", help="also print the numbers as JSON")
     p.set_defaults(fn=cmd_bench)
     return parser
@@ -183,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.fn(args, config)
-    except (EngineError, FileNotFoundError) as exc:
+    except (EngineError, FileNotFoundError, ImportError) as exc:
         err_console.print(f"[red]error:[/red] {exc}")
         return 1
 

@@ -118,6 +118,14 @@ class GatewayConfig(_Section):
     """While a streaming request waits for the engine, an empty-delta chunk is sent this often so
     clients with idle timeouts (OpenClaw) do not abort."""
 
+    request_timeout_s: float = Field(600.0, gt=0, le=86_400)
+    """Longest a request may take in the engine; past it the work is cancelled, the step stored as
+    `aborted`, and the client gets 504 (a stream ends with an error event)."""
+
+    session_idle_s: float = Field(1800.0, gt=0, le=30 * 86_400)
+    """A session with no request for this long is closed (its last turn is masked unless it has
+    feedback), and its matcher state is freed."""
+
 
 class Config(_Section):
     data_dir: Path = Field(default_factory=default_data_dir)

@@ -80,6 +80,30 @@ class DataPool(ABC):
         """
 
     @abstractmethod
+    def open_session(self, session_id: str, *, tenant: str = DEFAULT_TENANT, key_hash: str | None = None) -> bool:
+        """Create a session before its first step, optionally bound to the sha256 of its own API key
+        (`session_by_key` finds it again after a restart). False if it already existed."""
+
+    @abstractmethod
+    def close_idle(self, idle_s: float, keep: Iterable[tuple[str, str]] = ()) -> list[tuple[str, str]]:
+        """Close (as `close_session` without outcome, reason `idle`) every open session with no
+        stored activity for `idle_s` seconds, except the (tenant, session_id)s in `keep` (a gateway
+        passes those with a request in flight); returns the ones closed."""
+
+    @abstractmethod
+    def add_feedback(self, *, tenant: str = DEFAULT_TENANT, session_id: str | None = None,
+                     turn_index: int | None = None, completion_id: str | None = None,
+                     score: float | None = None, correction: str | None = None) -> list[str]:
+        """Explicit feedback on a completion's choices (`completion_id`), a session's turn, or its
+        latest main turn: a reward with source `feedback` and/or the correction as a hint, for each.
+
+        Returns:
+            The step ids it was recorded for.
+        Raises:
+            UnknownSessionError, UnknownStepError: nothing matches (nothing is recorded).
+        """
+
+    @abstractmethod
     def submit_reward(self, reward: Reward) -> Future[None]:
         """Queue a reward for the next group commit; the future resolves after COMMIT (or raises
         UnknownStepError). See `add_reward`."""
@@ -123,6 +147,19 @@ class DataPool(ABC):
     @abstractmethod
     def get_steps(self, step_ids: Iterable[str]) -> list[Step]:
         """The stored steps, in the order asked (with `next_state` when linked)."""
+
+    @abstractmethod
+    def last_turn(self, session_id: str, tenant: str = DEFAULT_TENANT) -> int | None:
+        """The highest stored turn index of a session (None if it has no step): where a restarted
+        gateway resumes numbering."""
+
+    @abstractmethod
+    def session_by_key(self, key_hash: str) -> tuple[str, str, str] | None:
+        """(tenant, session_id, status) of the session whose API key hashes to `key_hash`."""
+
+    def pending_writes(self) -> int:
+        """Writes queued and not yet committed (the gateway sheds load before this reaches the cap)."""
+        return 0
 
     @abstractmethod
     def stats(self) -> dict[str, Any]:

@@ -111,6 +111,67 @@ def close_session(conn: sqlite3.Connection, tenant: str, session_id: str, outcom
     return True
 
 
+def open_session(conn: sqlite3.Connection, tenant: str, session_id: str, key_hash: str | None) -> bool:
+    """Create a session before its first step (e.g. one with its own API key); False if it existed."""
+    now = time.time()
+    created = conn.execute("INSERT INTO sessions (tenant, session_id, status, created_at, updated_at, key_hash) "
+                           "VALUES (?, ?, 'open', ?, ?, ?) ON CONFLICT DO NOTHING",
+                           (tenant, session_id, now, now, key_hash)).rowcount == 1
+    if created:
+        _insert_event(conn, SessionEvent(session_id, "open", tenant, {"with_key": key_hash is not None}, now))
+    return created
+
+
+def close_idle(conn: sqlite3.Connection, idle_before: float, keep: set[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Close every open session with no activity since `idle_before`, except those in `keep`;
+    returns the (tenant, session_id)s closed."""
+    idle = [tuple(row) for row in conn.execute("SELECT tenant, session_id FROM sessions WHERE status = 'open' "
+                                               "AND updated_at < ?", (idle_before,)) if tuple(row) not in keep]
+    for tenant, session_id in idle:
+        close_session(conn, tenant, session_id, None, "idle")
+    return idle
+
+
+def feedback_steps(conn: sqlite3.Connection, tenant: str, session_id: str | None, turn_index: int | None,
+                   completion_id: str | None) -> list[str]:
+    """The step ids feedback is about: a completion's choices, a session's given turn, or the
+    session's latest main turn."""
+    if completion_id is not None:
+        # Its choices are `<id>-0`, `<id>-1`, ...: a key range ('.' sorts right after '-') uses the index.
+        rows = conn.execute("SELECT step_id FROM steps WHERE step_id > ? AND step_id < ? AND tenant = ? "
+                            "ORDER BY step_id", (completion_id + "-", completion_id + ".", tenant)).fetchall()
+        if not rows:
+            raise UnknownStepError(completion_id)
+        return [r[0] for r in rows]
+    key = (tenant, session_id)
+    if conn.execute("SELECT 1 FROM sessions WHERE tenant = ? AND session_id = ?", key).fetchone() is None:
+        raise UnknownSessionError(f"{tenant}/{session_id}")
+    if turn_index is None:
+        turn = conn.execute("SELECT max(turn_index) FROM steps WHERE tenant = ? AND session_id = ? "
+                            "AND turn_type = 'main'", key).fetchone()[0]
+    else:
+        turn = turn_index
+    rows = conn.execute("SELECT step_id FROM steps WHERE tenant = ? AND session_id = ? AND turn_index = ? "
+                        "ORDER BY step_id", (*key, turn)).fetchall()
+    if not rows:
+        raise UnknownStepError(f"{tenant}/{session_id} turn {turn_index if turn_index is not None else '(latest)'}")
+    return [r[0] for r in rows]
+
+
+def add_feedback(conn: sqlite3.Connection, tenant: str, session_id: str | None, turn_index: int | None,
+                 completion_id: str | None, score: float | None, correction: str | None) -> list[str]:
+    """Explicit feedback: a reward (source `feedback`) and/or a hint for each step it names."""
+    step_ids = feedback_steps(conn, tenant, session_id, turn_index, completion_id)
+    now = time.time()
+    for step_id in step_ids:
+        if score is not None:
+            add_reward(conn, Reward(step_id=step_id, score=score, source="feedback", evidence=correction or "",
+                                    created_at=now))
+        if correction:
+            add_hint(conn, Hint(step_id=step_id, text=correction, source="feedback", created_at=now))
+    return step_ids
+
+
 def expire_leases(conn: sqlite3.Connection, now: float) -> int:
     """Expired leases' samples go back to READY; they keep the lease id so a late ack still
     consumes the ones nobody leased again."""

@@ -40,9 +40,13 @@ def stats(conn: sqlite3.Connection) -> dict[str, Any]:
     }
 
 
+# Every column but key_hash: even a key's hash stays out of listings.
+_SESSION_COLUMNS = "s.tenant, s.session_id, s.status, s.created_at, s.updated_at, s.closed_at, s.outcome_reward"
+
+
 def sessions(conn: sqlite3.Connection, limit: int) -> list[dict[str, Any]]:
     rows = conn.execute(
-        "SELECT s.*, (SELECT count(*) FROM steps t WHERE t.tenant = s.tenant AND t.session_id = s.session_id) AS steps "
+        f"SELECT {_SESSION_COLUMNS}, (SELECT count(*) FROM steps t WHERE t.tenant = s.tenant AND t.session_id = s.session_id) AS steps "
         "FROM sessions s ORDER BY s.updated_at DESC LIMIT ?", (limit,)).fetchall()
     return [dict(row) for row in rows]
 
@@ -65,6 +69,15 @@ def get_steps(conn: sqlite3.Connection, step_ids: list[str]) -> list[Step]:
     return [found[s] for s in step_ids]
 
 
+def last_turn(conn: sqlite3.Connection, tenant: str, session_id: str) -> int | None:
+    return _one(conn, "SELECT max(turn_index) FROM steps WHERE tenant = ? AND session_id = ?", tenant, session_id)
+
+
+def session_by_key(conn: sqlite3.Connection, key_hash: str) -> tuple[str, str, str] | None:
+    row = conn.execute("SELECT tenant, session_id, status FROM sessions WHERE key_hash = ?", (key_hash,)).fetchone()
+    return None if row is None else tuple(row)
+
+
 def _step_detail(conn: sqlite3.Connection, row: sqlite3.Row) -> dict[str, Any]:
     step = row_step(row, row["next_messages"])
     detail = {**step.__dict__, "next_step_id": row["next_step_id"]}
@@ -81,7 +94,7 @@ def show(conn: sqlite3.Connection, ident: str, tenant: str | None) -> dict[str, 
     row = conn.execute(f"{_STEP_WITH_NEXT} WHERE t.step_id = ?", (ident,)).fetchone()
     if row is not None:
         return {"kind": "step", **_step_detail(conn, row)}
-    found = conn.execute("SELECT * FROM sessions WHERE session_id = ? AND (? IS NULL OR tenant = ?)",
+    found = conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions s WHERE session_id = ? AND (? IS NULL OR tenant = ?)",
                          (ident, tenant, tenant)).fetchall()
     if not found:
         raise KeyError(f"no step or session {ident!r}")

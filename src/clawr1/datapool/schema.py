@@ -54,9 +54,12 @@ CREATE TABLE IF NOT EXISTS sessions (
     updated_at REAL NOT NULL,
     closed_at REAL,
     outcome_reward REAL,
+    key_hash TEXT,  -- sha256 of the session's own API key (POST /admin/sessions); never the key
     PRIMARY KEY (tenant, session_id)
 );
 CREATE INDEX IF NOT EXISTS sessions_by_update ON sessions (updated_at);
+CREATE INDEX IF NOT EXISTS sessions_idle ON sessions (updated_at) WHERE status = 'open';
+CREATE UNIQUE INDEX IF NOT EXISTS sessions_by_key ON sessions (key_hash) WHERE key_hash IS NOT NULL;
 
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY,
@@ -117,7 +120,9 @@ CREATE INDEX IF NOT EXISTS samples_by_lease ON samples (lease_id) WHERE lease_id
 CREATE TRIGGER IF NOT EXISTS step_stored AFTER INSERT ON steps BEGIN
     INSERT INTO sessions (tenant, session_id, status, created_at, updated_at)
         VALUES (NEW.tenant, NEW.session_id, 'open', NEW.created_at, NEW.created_at)
-        ON CONFLICT DO UPDATE SET updated_at = max(updated_at, excluded.updated_at);
+        -- A turn arriving after a close (a client that kept its session id) reopens the session.
+        ON CONFLICT DO UPDATE SET updated_at = max(updated_at, excluded.updated_at), status = 'open',
+            closed_at = NULL;
     INSERT INTO samples (step_id, tenant, session_id, turn_index, policy_version, status, weight, updated_at,
             next_step_id)
         SELECT NEW.step_id, NEW.tenant, NEW.session_id, NEW.turn_index, NEW.policy_version, 'pending', 1.0,

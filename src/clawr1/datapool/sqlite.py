@@ -64,6 +64,27 @@ class SQLitePool(DataPool):
         return self._writer.run(partial(ops.close_session, tenant=tenant, session_id=session_id,
                                         outcome=outcome_reward, reason=reason))
 
+    def open_session(self, session_id: str, *, tenant: str = DEFAULT_TENANT, key_hash: str | None = None) -> bool:
+        if not session_id or not tenant:
+            raise ValueError("session_id and tenant must be non-empty")
+        return self._writer.run(partial(ops.open_session, tenant=tenant, session_id=session_id, key_hash=key_hash))
+
+    def close_idle(self, idle_s: float, keep: Iterable[tuple[str, str]] = ()) -> list[tuple[str, str]]:
+        return self._writer.run(partial(ops.close_idle, idle_before=time.time() - idle_s, keep=set(keep)))
+
+    def add_feedback(self, *, tenant: str = DEFAULT_TENANT, session_id: str | None = None,
+                     turn_index: int | None = None, completion_id: str | None = None,
+                     score: float | None = None, correction: str | None = None) -> list[str]:
+        if (session_id is None) == (completion_id is None):
+            raise ValueError("name exactly one of session_id or completion_id")
+        if score is None and not (correction and correction.strip()):
+            raise ValueError("feedback needs a score, a correction, or both")
+        if score is not None and not -1.0 <= score <= 1.0:
+            raise ValueError(f"score must be in [-1, 1], got {score}")
+        return self._writer.run(partial(ops.add_feedback, tenant=tenant, session_id=session_id,
+                                        turn_index=turn_index, completion_id=completion_id, score=score,
+                                        correction=correction.strip() if correction else None))
+
     def submit_reward(self, reward: Reward) -> Future[None]:
         if not isinstance(reward, Reward):
             raise TypeError(f"expected a Reward, got {type(reward).__name__}")
@@ -104,6 +125,15 @@ class SQLitePool(DataPool):
 
     def get_steps(self, step_ids: Iterable[str]) -> list[Step]:
         return self._read(queries.get_steps, list(step_ids))
+
+    def last_turn(self, session_id: str, tenant: str = DEFAULT_TENANT) -> int | None:
+        return self._read(queries.last_turn, tenant, session_id)
+
+    def session_by_key(self, key_hash: str) -> tuple[str, str, str] | None:
+        return self._read(queries.session_by_key, key_hash)
+
+    def pending_writes(self) -> int:
+        return self._writer.pending()
 
     def stats(self) -> dict[str, Any]:
         return self._read(queries.stats)

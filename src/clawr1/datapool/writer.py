@@ -54,6 +54,13 @@ class GroupCommitWriter:
                 raise PoolFullError(f"pool write queue full ({self._queue.maxsize} waiting)") from None
         return future
 
+    def pending(self) -> int:
+        """Writes waiting for the writer thread (approximate, like `Queue.qsize`)."""
+        return self._queue.qsize()
+
+    def capacity(self) -> int:
+        return self._queue.maxsize
+
     def run(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         """Run one unbatched write `fn(conn)` in the next commit and wait for it."""
         return self.submit(run_each, fn).result()

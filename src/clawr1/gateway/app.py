@@ -1,180 +1,214 @@
 """The gateway: an OpenAI-compatible HTTP surface that serves through the engine and records every
 call, token for token, into the data pool without making the reply wait for the write.
+
+`Gateway` holds what every route shares (auth, admission, recording, session closing); the routes
+themselves live in `chat.py`, `completions.py` and `lifecycle.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hmac
 import json
 import logging
 import time
-import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, NamedTuple, TypeVar
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from clawr1.core.config import Config
 from clawr1.core.records import DEFAULT_TENANT, Step
-from clawr1.core.types import Generation
+from clawr1.core.types import Generation, SamplingParams
 from clawr1.datapool.base import DataPool, PoolFullError
-from clawr1.engine.base import Engine
-from clawr1.gateway import errors, schema
+from clawr1.engine.base import Engine, GenerationStream
+from clawr1.gateway import errors
 from clawr1.gateway.errors import APIError
-from clawr1.gateway.sessions import SessionResolver, Turn
+from clawr1.gateway.sessions import SESSION_KEY_PREFIX, SessionResolver, Turn, hash_key
 
 log = logging.getLogger(__name__)
 POLICY = "policy"  # the adapter name the trainer publishes; served when loaded, else the base model
-TOOL_OPEN = "<tool_call>"
+M = TypeVar("M", bound=BaseModel)
+
+
+class Caller(NamedTuple):
+    tenant: str
+    session_id: str | None  # set when the request came with a per-session key
 
 
 class Gateway:
     def __init__(self, engine: Engine, pool: DataPool, config: Config):
         self.engine, self.pool, self.config = engine, pool, config
-        self.sessions = SessionResolver()
-        self.pending = 0  # requests admitted whose steps are not yet handed to the pool
+        self.sessions = SessionResolver(pool.last_turn)
+        self.pending = 0  # steps admitted whose writes are not yet handed to the pool
+        self._session_keys: dict[str, tuple[str, str]] = {}  # key sha256 -> (tenant, session id)
+        self._tasks: set[asyncio.Task] = set()  # background closes, referenced until done
 
     # ---- request plumbing -----------------------------------------------------------------
-    async def read(self, request: Request) -> schema.ChatRequest:
+    async def read(self, request: Request, model: type[M]) -> M:
         raw = await request.body()
         if len(raw) > self.config.gateway.max_body_bytes:
             raise APIError(413, f"request body of {len(raw)} bytes exceeds the limit of "
                                 f"{self.config.gateway.max_body_bytes}", code="request_too_large")
         try:
-            body = json.loads(raw)
+            body = json.loads(raw) if raw.strip() else {}
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise APIError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
         try:
-            return schema.ChatRequest.model_validate(body)
+            return model.model_validate(body)
         except ValidationError as exc:
             first = exc.errors()[0]
             param = ".".join(str(p) for p in first["loc"]) or None
             raise APIError(400, f"{param}: {first['msg']}", param=param, code="invalid_value") from exc
 
-    def authenticate(self, request: Request) -> str:
-        keys = self.config.gateway.api_keys
-        if not keys:
-            return DEFAULT_TENANT
+    def authenticate(self, request: Request) -> Caller:
+        """Agent keys (`gateway.api_keys`) or a per-session key; none needed when no keys are set
+        (the gateway then only binds to loopback). A per-session key binds the request to its
+        session; an unknown one is refused even without agent keys, so it never lands elsewhere."""
         auth = request.headers.get("authorization", "")
-        if not auth.startswith("Bearer ") or auth[7:].strip() not in keys:
+        token = auth[7:].strip() if auth.startswith("Bearer ") else ""
+        if token.startswith(SESSION_KEY_PREFIX):
+            bound = self._session_for_key(token)
+            if bound is None:
+                raise APIError(401, "unknown session key", code="invalid_api_key")
+            return Caller(*bound)
+        keys = self.config.gateway.api_keys
+        if keys and not any(hmac.compare_digest(token, key) for key in keys):
             raise APIError(401, "missing or invalid API key (Authorization: Bearer <key>)", code="invalid_api_key")
-        return DEFAULT_TENANT
+        return Caller(DEFAULT_TENANT, None)
 
-    def admit(self) -> None:
-        if self.pending >= self.config.gateway.max_pending:
+    def _session_for_key(self, token: str) -> tuple[str, str] | None:
+        digest = hash_key(token)
+        bound = self._session_keys.get(digest)
+        if bound is None:
+            found = self.pool.session_by_key(digest)  # keys outlive restarts: they are in the pool
+            if found is not None:
+                bound = self._session_keys[digest] = (found[0], found[1])
+        return bound
+
+    def remember_session_key(self, digest: str, tenant: str, session_id: str) -> None:
+        self._session_keys[digest] = (tenant, session_id)
+
+    def require_admin(self, request: Request) -> None:
+        admin = self.config.gateway.admin_key
+        if admin is None:
+            raise APIError(403, "admin routes are disabled: set gateway.admin_key", code="admin_disabled")
+        auth = request.headers.get("authorization", "")
+        if not (auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].strip(), admin)):
+            raise APIError(401, "admin routes need the admin key (Authorization: Bearer <admin_key>)",
+                           code="invalid_api_key")
+
+    def admit(self, steps: int) -> None:
+        """Shed load before anything could be lost: the requests in flight plus the pool's queue
+        must have room for this request's steps, else 429."""
+        queued = self.pool.pending_writes()
+        if self.pending + steps > self.config.gateway.max_pending:
             raise APIError(429, f"{self.pending} requests are being served or recorded; retry shortly",
                            code="rate_limit_exceeded")
-        self.pending += 1
+        if queued + self.pending + steps > self.config.pool.writer_queue:
+            raise APIError(429, f"the data pool is behind ({queued} writes queued); retry shortly",
+                           code="rate_limit_exceeded")
+        self.pending += steps
 
-    def record(self, turn: Turn, req: schema.ChatRequest, gen: Generation, step_id: str, started: float) -> None:
-        """Hand the step to the pool's bounded queue; the write completes after the reply."""
+    def start(self, prompt_ids: list[int], samplings: list[SamplingParams]) -> list[GenerationStream]:
+        """Admit and submit one generation per sampling; the caller must `release` them."""
+        self.admit(len(samplings))
+        adapter = POLICY if POLICY in self.engine.adapters() else None
+        streams: list[GenerationStream] = []
+        try:
+            for sampling in samplings:
+                streams.append(self.engine.generate(prompt_ids, sampling, adapter))
+        except BaseException:
+            for stream in streams:
+                stream.cancel()
+            self.pending -= len(samplings)
+            raise
+        return streams
+
+    async def collect(self, request: Request, streams: list[GenerationStream]) -> tuple[list[Generation], str]:
+        """Wait for whole generations; a client that disconnects or a request past its timeout
+        cancels the engine work. Returns the generations (aborted ones included) and the outcome:
+        `ok`, `disconnected` or `timeout`."""
+        finals = asyncio.gather(*[s.final() for s in streams])
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            done, _ = await asyncio.wait({finals, gone}, timeout=self.config.gateway.request_timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if finals in done:
+                return finals.result(), "ok"
+            for stream in streams:
+                stream.cancel()
+            return await finals, "disconnected" if gone in done else "timeout"
+        finally:
+            gone.cancel()
+
+    def record(self, turn: Turn, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+               gen: Generation, step_id: str, started: float) -> None:
+        """Hand the step to the pool's queue (room was reserved by `admit`); it commits after the reply."""
         step = Step(step_id=step_id, tenant=turn.tenant, session_id=turn.session_id, prompt_id=turn.prompt_id,
-                    turn_index=turn.turn_index, turn_type=turn.turn_type, messages=req.messages,
-                    tools=req.tool_dicts(), prompt_ids=gen.prompt_ids, token_ids=gen.token_ids,
-                    logprobs=gen.logprobs, text=gen.text, policy_version=gen.version, adapter=gen.adapter,
-                    finish_reason=gen.finish_reason or "aborted", temperature=gen.temperature,
-                    timings={"total_s": time.perf_counter() - started})
+                    turn_index=turn.turn_index, turn_type=turn.turn_type, messages=messages, tools=tools,
+                    prompt_ids=gen.prompt_ids, token_ids=gen.token_ids, logprobs=gen.logprobs, text=gen.text,
+                    policy_version=gen.version, adapter=gen.adapter, finish_reason=gen.finish_reason or "aborted",
+                    temperature=gen.temperature, timings={"total_s": time.perf_counter() - started})
         try:
             future = self.pool.submit_step(step)
-        except PoolFullError:
-            log.error("pool queue full: step %s not recorded", step_id)
+        except PoolFullError:  # only if another writer in this process filled the queue meanwhile
+            log.error("pool queue full: step %s of session %s not recorded", step_id, turn.session_id)
             return
         future.add_done_callback(lambda f: _log_failure(f, step_id))
 
-    # ---- chat completions -----------------------------------------------------------------
-    async def chat(self, request: Request, path_ids: tuple[str, str] | None) -> Any:
-        started = time.perf_counter()
-        tenant = self.authenticate(request)
-        req = await self.read(request)
-        if req.stream and req.n > 1:
-            raise APIError(400, "n > 1 is not supported with stream=true", param="n")
-        tools = req.tool_dicts()
-        prompt_ids = self.engine.render(req.messages, tools)
-        samplings = [req.sampling(self.config.engine.default_max_tokens, i) for i in range(req.n)]
-        adapter = POLICY if POLICY in self.engine.adapters() else None
-        self.admit()
+    async def settle_stream(self, turn: Turn, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                            stream: GenerationStream, step_id: str, started: float) -> None:
+        """Record a streamed step once its generation has ended (finished, or aborted because the
+        client went away). Runs as its own task: a disconnect cancels the response's task, and the
+        recording must not be cancelled with it."""
         try:
-            streams = [self.engine.generate(prompt_ids, s, adapter) for s in samplings]
-        except BaseException:
-            self.pending -= 1
-            raise
-        headers = {k.lower(): v for k, v in request.headers.items()}
-        turn = self.sessions.resolve(tenant, req.messages, headers, path_ids)
-        cid = "chatcmpl-" + uuid.uuid4().hex[:24]
-        if req.stream:
-            return StreamingResponse(self.stream(req, streams[0], turn, cid, started),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        try:
-            gens = await asyncio.gather(*[s.final() for s in streams])
+            self.record(turn, messages, tools, await stream.final(), step_id, started)
         finally:
-            for s in streams:
-                s.cancel()
             self.pending -= 1
-        parsed = [self.engine.parse(g.content) for g in gens]
-        for i, gen in enumerate(gens):
-            self.record(turn, req, gen, f"{cid}-{i}", started)
-        self.sessions.record(turn, req.messages, schema.message_of(parsed[0]))
-        return JSONResponse(schema.completion_body(cid, req.model, gens, parsed, req.logprobs, self.engine.tokenizer))
+        self.turn_done(turn)
 
-    async def stream(self, req: schema.ChatRequest, stream: Any, turn: Turn, cid: str,
-                     started: float) -> AsyncIterator[str]:
-        """SSE: role chunk, content deltas (tool-call markup held back), tool calls, finish, usage."""
-        version = stream.version
-        sent = ""  # content already streamed
-        logprobs: list[dict[str, Any]] = []  # entries not yet sent (their text may be held back)
-        watch_tools = req.tool_dicts() is not None
-        keepalive = self.config.gateway.keepalive_s
-        gen: Generation | None = None
-        step: asyncio.Future | None = None
-        try:
-            yield _sse(schema.chunk(cid, req.model, version, {"role": "assistant", "content": ""}))
-            iterator = stream.__aiter__()
-            visible = ""
-            while True:
-                step = asyncio.ensure_future(iterator.__anext__())
-                while not step.done():
-                    done, _ = await asyncio.wait({step}, timeout=keepalive)
-                    if not done:  # queued behind other requests: an empty delta resets client idle timers
-                        yield _sse(schema.chunk(cid, req.model, version, {}))
-                try:
-                    event = step.result()
-                except StopAsyncIteration:
-                    break
-                visible += event.text
-                if req.logprobs:
-                    logprobs.append(schema.token_logprob(self.engine.tokenizer.decode([event.token_id]), event.logprob))
-                delta = _safe_text(visible, sent, watch_tools)
-                if delta:
-                    sent += delta
-                    lp, logprobs = ({"content": logprobs} if logprobs else None), []
-                    yield _sse(schema.chunk(cid, req.model, version, {"content": delta}, logprobs=lp))
-            gen = stream.generation
-            parsed = self.engine.parse(gen.content)
-            if parsed.tool_calls:
-                calls = schema.message_of(parsed)["tool_calls"]
-                yield _sse(schema.chunk(cid, req.model, version,
-                                        {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}))
-            elif len(gen.content) > len(sent):
-                yield _sse(schema.chunk(cid, req.model, version, {"content": gen.content[len(sent):]}))
-            yield _sse(schema.chunk(cid, req.model, version, {}, finish=schema.finish_reason(gen, parsed),
-                                    logprobs={"content": logprobs} if logprobs else None))
-            if req.stream_options and req.stream_options.include_usage:
-                body = schema.chunk(cid, req.model, version, {})
-                body["choices"], body["usage"] = [], schema.usage(len(gen.prompt_ids), len(gen.token_ids))
-                yield _sse(body)
-            yield "data: [DONE]\n\n"
-            self.sessions.record(turn, req.messages, schema.message_of(parsed))
-        finally:
-            # Normal end, client disconnect (the generator is closed) or error: stop the engine and
-            # record what was sampled; an interrupted step is stored as `aborted`.
-            stream.cancel()
-            self.pending -= 1
-            if step is not None and not step.done():
-                step.cancel()
-            if gen is None:
-                gen = await stream.final()
-            self.record(turn, req, gen, f"{cid}-0", started)
+    def turn_done(self, turn: Turn) -> None:
+        """After a turn's steps are queued: `X-Session-Done` closes its session (the close is
+        queued behind the steps, so the last turn is stored first)."""
+        if turn.done:
+            self.spawn(self.close_session(turn.tenant, turn.session_id, None, "done"))
+
+    async def close_session(self, tenant: str, session_id: str, outcome: float | None, reason: str) -> bool:
+        was_open = await asyncio.to_thread(self.pool.close_session, session_id, outcome, tenant=tenant, reason=reason)
+        self.sessions.forget(tenant, session_id)
+        return was_open
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background gateway task failed: %r", task.exception())
+
+    async def sweep_idle(self) -> None:
+        """Close sessions idle for `session_idle_s` (those with a request in flight are kept)."""
+        idle = self.config.gateway.session_idle_s
+        while True:
+            await asyncio.sleep(min(max(idle / 4, 0.05), 30.0))
+            keep = self.sessions.active_since(time.monotonic() - idle)
+            try:
+                closed = await asyncio.to_thread(self.pool.close_idle, idle, keep)
+            except Exception:  # a busy database must not end the sweeper: the next round retries
+                log.exception("closing idle sessions failed; retrying next round")
+                continue
+            for tenant, session_id in closed:
+                self.sessions.forget(tenant, session_id)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client goes away (the body is already read, so only `http.disconnect` is left)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _log_failure(future: Any, step_id: str) -> None:
@@ -182,29 +216,21 @@ def _log_failure(future: Any, step_id: str) -> None:
         log.error("recording %s failed: %s", step_id, future.exception())
 
 
-def _sse(body: dict[str, Any]) -> str:
-    return "data: " + json.dumps(body, separators=(",", ":")) + "\n\n"
-
-
-def _safe_text(visible: str, sent: str, watch_tools: bool) -> str:
-    """New content that is safe to stream: with tools on, nothing from a `<tool_call>` on (and no
-    suffix that could start one), since it may turn into a structured tool call at the end."""
-    end = len(visible)
-    if watch_tools:
-        at = visible.find(TOOL_OPEN)
-        if at >= 0:
-            end = at
-        else:
-            for n in range(min(len(TOOL_OPEN) - 1, end), 0, -1):
-                if visible.endswith(TOOL_OPEN[:n]):
-                    end -= n
-                    break
-    return visible[len(sent):end] if end > len(sent) else ""
-
-
 def create_app(engine: Engine, pool: DataPool, config: Config) -> FastAPI:
-    app = FastAPI(title="Claw-R1 gateway", docs_url=None, redoc_url=None)
+    from clawr1.gateway import chat, completions, lifecycle
+
     gateway = Gateway(engine, pool, config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        sweeper = asyncio.create_task(gateway.sweep_idle())
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            await asyncio.gather(sweeper, *gateway._tasks, return_exceptions=True)
+
+    app = FastAPI(title="Claw-R1 gateway", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.gateway = gateway
     errors.install(app)
 
@@ -218,12 +244,7 @@ def create_app(engine: Engine, pool: DataPool, config: Config) -> FastAPI:
         ids = [config.engine.model] + sorted(engine.adapters())
         return {"object": "list", "data": [{"id": i, "object": "model", "created": 0, "owned_by": "clawr1"} for i in ids]}
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Any:
-        return await gateway.chat(request, None)
-
-    @app.post("/{session_id}/{prompt_id}/v1/chat/completions")
-    async def chat_with_ids(session_id: str, prompt_id: str, request: Request) -> Any:
-        return await gateway.chat(request, (session_id, prompt_id))
-
+    app.include_router(chat.router)
+    app.include_router(completions.router)
+    app.include_router(lifecycle.router)
     return app

@@ -120,3 +120,78 @@ def chunk(cid: str, model: str, version: int, delta: dict[str, Any], finish: str
     return {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
             "system_fingerprint": fingerprint(version),
             "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+
+
+class CompletionRequest(BaseModel):
+    """`POST /v1/completions`: a raw prompt (text or token ids) for white-box use, no chat template."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str = Field(min_length=1)
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int = Field(16, ge=1)  # OpenAI's default for this endpoint
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = Field(1, ge=1, le=8)
+    logprobs: int | None = Field(None, ge=0, le=0, description="only 0: the sampled token's logprob, no alternatives")
+    echo: bool = Field(False, description="not supported: the prompt is never repeated in the text")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    return_token_ids: bool = False
+    """vLLM's extension: each choice also carries `prompt_token_ids` and `token_ids`."""
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value: str | list[str] | None) -> list[str] | None:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("prompt")
+    @classmethod
+    def _non_empty(cls, value: Any) -> Any:
+        if not value or (isinstance(value, list) and any(not p for p in value if isinstance(p, (str, list)))):
+            raise ValueError("the prompt must not be empty")
+        return value
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("echo=true is not supported")
+        return value
+
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt: a string or a list of token ids."""
+        if isinstance(self.prompt, str) or (self.prompt and isinstance(self.prompt[0], int)):
+            return [self.prompt]  # type: ignore[list-item]
+        return list(self.prompt)  # type: ignore[arg-type]
+
+    def sampling(self, seed_offset: int = 0) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=self.max_tokens, temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p, stop=tuple(self.stop or ()),
+            seed=None if self.seed is None else self.seed + seed_offset)
+
+
+def text_logprobs(gen: Generation, tokenizer: Any) -> dict[str, Any]:
+    """The legacy completions `logprobs` object (no alternatives)."""
+    tokens = [tokenizer.decode([t]) for t in gen.token_ids]
+    offsets, at = [], 0
+    for token in tokens:
+        offsets.append(at)
+        at += len(token)
+    return {"tokens": tokens, "token_logprobs": list(gen.logprobs), "top_logprobs": None, "text_offset": offsets}
+
+
+def text_choice(index: int, gen: Generation, req: CompletionRequest, tokenizer: Any, text: str,
+                finish: str | None) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": index, "text": text, "finish_reason": finish,
+                              "logprobs": text_logprobs(gen, tokenizer) if req.logprobs is not None and finish else None}
+    if req.return_token_ids and finish:
+        choice["prompt_token_ids"], choice["token_ids"] = gen.prompt_ids, gen.token_ids
+    return choice
+
+
+def text_finish(gen: Generation) -> str:
+    return "length" if gen.finish_reason == "length" else "stop"

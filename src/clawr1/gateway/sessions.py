@@ -1,17 +1,23 @@
 """Resolve every request to (tenant, session, prompt id, turn index, turn type), by the first rule
-that applies (ARCHITECTURE.md): URL path ids, then `X-Session-Id` headers, then automatic history
-matching. Turn indices are handed out at arrival under a lock, so interleaved requests of one
-session keep their order.
+that applies (ARCHITECTURE.md): URL path ids, `X-Session-Id` headers, a per-session API key, then
+automatic history matching. Turn indices are handed out at arrival under a lock, so interleaved
+requests of one session keep their order; a session this process has not seen yet (a restart, a
+header id from yesterday) resumes after the pool's last stored turn.
 """
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 import threading
+import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from clawr1.gateway.matcher import HistoryMatcher
+
+SESSION_KEY_PREFIX = "sk-clawr1-s-"  # per-session keys are recognisable, so an unknown one is refused
 
 
 @dataclass(frozen=True)
@@ -21,39 +27,74 @@ class Turn:
     prompt_id: str
     turn_index: int
     turn_type: Literal["main", "side"]
-    done: bool
-    how: Literal["path", "header", "matched", "new"]
+    done: bool  # X-Session-Done: close the session once this turn is stored
+    how: Literal["path", "header", "key", "matched", "new"]
 
 
 class SessionResolver:
-    def __init__(self) -> None:
+    def __init__(self, last_turn: Callable[[str, str], int | None]):
+        """`last_turn(session_id, tenant)`: the highest stored turn index of a session, or None."""
         self.matcher = HistoryMatcher()
+        self._last_turn = last_turn
         self._next_turn: dict[tuple[str, str], int] = {}
+        self._seen: dict[tuple[str, str], float] = {}  # last request arrival (monotonic) per session
         self._lock = threading.Lock()
 
     def resolve(self, tenant: str, messages: list[dict[str, Any]], headers: dict[str, str],
-                path_ids: tuple[str, str] | None = None) -> Turn:
+                path_ids: tuple[str, str] | None = None, bound_session: str | None = None) -> Turn:
         turn_type = headers.get("x-turn-type", "main").strip().lower()
         if turn_type not in ("main", "side"):
             turn_type = "main"
         done = headers.get("x-session-done", "").strip().lower() in ("1", "true", "yes")
         with self._lock:
+            how: Literal["path", "header", "key", "matched", "new"]
             if path_ids is not None:
                 session_id, prompt_id, how = path_ids[0], path_ids[1], "path"
             elif headers.get("x-session-id"):
                 session_id, how = headers["x-session-id"], "header"
                 prompt_id = session_id
+            elif bound_session is not None:
+                session_id = prompt_id = bound_session
+                how = "key"
             else:
-                match = self.matcher.find(tenant, messages)
+                match = self.matcher.find(tenant, messages) if messages else None
                 session_id, how = (match.session_id, "matched") if match else ("s-" + uuid.uuid4().hex[:16], "new")
                 prompt_id = session_id
             key = (tenant, session_id)
-            index = self._next_turn.get(key, 0)
+            index = self._next_turn.get(key)
+            if index is None:
+                last = None if how == "new" else self._last_turn(session_id, tenant)
+                index = 0 if last is None else last + 1
             self._next_turn[key] = index + 1
+            self._seen[key] = time.monotonic()
         return Turn(tenant, session_id, prompt_id, index, turn_type, done, how)
 
     def record(self, turn: Turn, messages: list[dict[str, Any]], reply: dict[str, Any]) -> None:
         """After a main turn is served: its next request will start with these messages + reply."""
-        if turn.turn_type == "main":
+        if turn.turn_type == "main" and messages:
             with self._lock:
-                self.matcher.record(turn.tenant, turn.session_id, messages, reply)
+                if (turn.tenant, turn.session_id) in self._next_turn:  # not closed meanwhile
+                    self.matcher.record(turn.tenant, turn.session_id, messages, reply)
+
+    def forget(self, tenant: str, session_id: str) -> None:
+        """A closed session: its transcript no longer matches, its counters go (no state grows
+        forever). A later request naming it resumes numbering from the pool."""
+        with self._lock:
+            self.matcher.forget(session_id)
+            self._next_turn.pop((tenant, session_id), None)
+            self._seen.pop((tenant, session_id), None)
+
+    def active_since(self, since_monotonic: float) -> set[tuple[str, str]]:
+        """Sessions with a request arrived after `since`: in use, even if no step is stored yet."""
+        with self._lock:
+            return {key for key, seen in self._seen.items() if seen >= since_monotonic}
+
+
+def new_session_key() -> tuple[str, str]:
+    """A fresh per-session API key and the sha256 the pool stores instead of it."""
+    key = SESSION_KEY_PREFIX + secrets.token_urlsafe(24)
+    return key, hash_key(key)
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()

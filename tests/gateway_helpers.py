@@ -1,0 +1,62 @@
+"""A live gateway on 127.0.0.1 (real uvicorn, real SQLite pool) for tests, and pool polling."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import uvicorn
+
+from clawr1.core.config import load_config
+from clawr1.datapool import SQLitePool
+from clawr1.gateway.app import create_app
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def live_gateway(engine, data_dir: Path, *overrides: str) -> Iterator[tuple[str, SQLitePool]]:
+    """Serve `engine` on a free port until the block ends; yields (base_url, pool)."""
+    config = load_config(None, [f'data_dir="{data_dir}"', *overrides])
+    pool = SQLitePool(data_dir, config.pool)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, pool, config), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 20
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+    assert server.started, "the gateway did not start"
+    try:
+        yield f"http://127.0.0.1:{port}", pool
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        pool.close()
+
+
+def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
+    """Poll until `predicate()` is truthy (recording happens after the reply); returns its value."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def steps_of(pool: SQLitePool, count: int, timeout: float = 10.0):
+    """All stored steps once at least `count` are committed."""
+    wait_for(lambda: pool.stats()["steps"] >= count, timeout, f"{count} steps")
+    ids = [t["step_id"] for s in pool.sessions(limit=1000) for t in pool.show(s["session_id"])["steps"]]
+    return pool.get_steps(ids)
