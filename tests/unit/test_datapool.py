@@ -213,3 +213,46 @@ def test_a_batch_larger_than_one_statement_is_split(tmp_path):
     links = dict(conn.execute("SELECT step_id, next_step_id FROM samples").fetchall())
     assert links == {"t0": "t1", "t1": "t2", "t2": "t3", "t3": "t4", "t4": None}
     conn.close()
+
+
+def test_a_new_step_reopens_its_closed_session_and_a_replay_does_not(pool):
+    pool.append_steps([make_step("a0", "A", 0), make_step("a1", "A", 1)])
+    assert pool.close_session("A", reason="idle") is True
+    assert pool.append_step(make_step("a1", "A", 1)) is False  # a replay changes nothing
+    assert pool.show("A")["status"] == "closed"
+    assert pool.append_steps([make_step("a3", "A", 3), make_step("a2", "A", 2)]) == [True, True]
+    session = pool.show("A")
+    assert (session["status"], session["closed_at"]) == ("open", None)
+    links = {s["step_id"]: s["next_step_id"] for s in session["steps"]}
+    assert links == {"a0": "a1", "a1": "a2", "a2": "a3", "a3": None}
+    assert pool.stats()["open_sessions"] == 1 and pool.stats()["main_steps"] == 4
+
+
+def test_explicit_feedback_is_not_overridden_by_a_later_judge(tmp_path):
+    from clawr1.core.records import Reward
+
+    with SQLitePool(tmp_path) as pool:
+        pool.append_step(make_step("fb-0", "s", 0))
+        pool.add_reward(Reward(step_id="fb-0", score=-1.0, source="feedback"))
+        pool.add_reward(Reward(step_id="fb-0", score=1.0, source="judge"))  # judged before the feedback landed
+        detail = pool.show("fb-0")
+        assert detail["sample"]["reward"] == -1.0
+        assert [r["source"] for r in detail["rewards"]] == ["feedback", "judge"]  # both kept as history
+
+
+def test_a_pool_from_before_session_keys_is_upgraded(tmp_path):
+    import sqlite3
+
+    from clawr1.datapool import POOL_FILE
+
+    conn = sqlite3.connect(tmp_path / POOL_FILE)
+    conn.execute("CREATE TABLE sessions (tenant TEXT NOT NULL, session_id TEXT NOT NULL, status TEXT NOT NULL, "
+                 "created_at REAL NOT NULL, updated_at REAL NOT NULL, closed_at REAL, outcome_reward REAL, "
+                 "PRIMARY KEY (tenant, session_id))")
+    conn.execute("INSERT INTO sessions VALUES ('default', 'old', 'open', 1, 1, NULL, NULL)")
+    conn.commit()
+    conn.close()
+    with SQLitePool(tmp_path) as pool:
+        assert pool.open_session("new", key_hash="h" * 64)
+        assert pool.session_by_key("h" * 64) == ("default", "new", "open")
+        assert pool.stats()["sessions"] == 2

@@ -197,3 +197,15 @@ def test_429_when_the_pool_is_behind_and_nothing_accepted_is_lost(engine, tmp_pa
         accepted = statuses.count(200)
         assert 429 in statuses and accepted >= 3 and set(statuses) == {200, 429}
         assert len(steps_of(pool, accepted)) == accepted  # every answered request was recorded
+
+
+def test_a_stock_conversation_continues_across_a_restart(engine, tmp_path):
+    history = [{"role": "user", "content": "remember me"}]
+    with live_gateway(engine, tmp_path) as (base, pool):
+        reply = httpx.post(f"{base}/v1/chat/completions", json={**ASK, "messages": history}).json()
+        [first] = steps_of(pool, 1)
+    history += [reply["choices"][0]["message"], {"role": "user", "content": "still there?"}]
+    with live_gateway(engine, tmp_path) as (base, pool):
+        httpx.post(f"{base}/v1/chat/completions", json={**ASK, "messages": history}).raise_for_status()
+        steps = steps_of(pool, 2)
+        assert {(s.session_id, s.turn_index) for s in steps} == {(first.session_id, 0), (first.session_id, 1)}

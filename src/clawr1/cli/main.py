@@ -29,7 +29,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 # Dedicated flags and the config key each one sets (a flag absent from a subcommand is skipped).
 FLAGS = {"data_dir": "data_dir", "model": "engine.model", "threads": "engine.threads",
-         "host": "gateway.host", "port": "gateway.port"}
+         "host": "gateway.host", "port": "gateway.port", "method": "trainer.method",
+         "batch_size": "trainer.batch_size", "prm_m": "reward.prm_m", "w_opd": "trainer.w_opd",
+         "w_rl": "trainer.w_rl"}
 
 
 def resolve(args: argparse.Namespace) -> Config:
@@ -95,6 +97,77 @@ def cmd_serve(args: argparse.Namespace, config: Config) -> int:
         return 2
     except KeyboardInterrupt:
         pass
+    return 0
+
+
+def cmd_train(args: argparse.Namespace, config: Config) -> int:
+    import signal
+    import threading
+
+    from clawr1.datapool import SQLitePool
+    from clawr1.trainer.checkpoint import exists as checkpoint_exists
+    from clawr1.trainer.loop import Trainer
+
+    if args.resume and not checkpoint_exists(config.data_dir):
+        err_console.print(f"[red]error:[/red] --resume: no trainer checkpoint under {config.data_dir}")
+        return 1
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # finish the current step, then exit
+    with SQLitePool(config.data_dir, config.pool) as pool:
+        with err_console.status("Loading the policy ..."):
+            trainer = Trainer(config, pool)
+        err_console.print(f"[green]trainer[/green] method={config.trainer.method} batch={config.trainer.batch_size} "
+                          f"at step {trainer.step_count}, policy v{trainer.version}; waiting for READY samples")
+        try:
+            while not stop.is_set():
+                metrics = trainer.run_once()
+                if metrics is None:
+                    stop.wait(config.trainer.poll_s)
+                    continue
+                err_console.print(f"v{metrics['version']}: {metrics['lease']} samples, loss {metrics['loss']:+.4f}, "
+                                  f"reward {metrics['reward_mean']:+.2f}, hints {metrics['hint_rate']:.0%}, "
+                                  f"clip {metrics['clip_frac']:.2f}, {metrics['total_s']:.1f} s")
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def cmd_up(args: argparse.Namespace, config: Config) -> int:
+    import subprocess
+    import tempfile
+
+    from clawr1.gateway.server import UnsafeBindError, serve
+    from clawr1.reward.worker import RewardWorker
+
+    # The trainer is its own process (it never competes with serving for the GIL); it gets the
+    # same resolved config. Secrets are redacted in TOML, and the trainer needs none of them.
+    run_dir = Path(config.data_dir) / "run"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", dir=run_dir, delete=False) as f:
+        f.write(to_toml(config))
+    log_path = run_dir / "trainer.log"
+    trainer = subprocess.Popen([sys.executable, "-m", "clawr1.cli.main", "train", "--config", f.name],
+                               stdout=open(log_path, "ab"), stderr=subprocess.STDOUT)
+
+    def ready(port: int, note: str) -> None:
+        err_console.print(f"[green]Claw-R1[/green] serving on http://{config.gateway.host}:{port}/v1 "
+                          f"(model {config.engine.model}); judge + trainer ({config.trainer.method}) running; "
+                          f"trainer log {log_path}; {note}")
+
+    try:
+        asyncio.run(serve(config, on_ready=ready, workers=lambda gw: [RewardWorker(gw.pool, gw.engine, config).run()]))
+    except UnsafeBindError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        return 2
+    except KeyboardInterrupt:
+        pass
+    finally:
+        trainer.terminate()
+        try:
+            trainer.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            trainer.kill()  # crash-safe by design: the lease expires and comes back
+        Path(f.name).unlink(missing_ok=True)
     return 0
 
 
@@ -182,6 +255,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8000; 0 = any free port)")
     p.set_defaults(fn=cmd_serve)
+
+    def loop_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--method", choices=["rl", "opd", "combine"], help="training objective (default combine)")
+        p.add_argument("--batch-size", type=int, help="samples per optimizer step (default 16)")
+        p.add_argument("--prm-m", type=int, help="judge votes per turn (default 3; 1 for opd)")
+        p.add_argument("--w-opd", type=float, help="combine: weight of the OPD advantage")
+        p.add_argument("--w-rl", type=float, help="combine: weight of the reward")
+
+    p = sub.add_parser("up", help="the main job: gateway + engine + pool + judge + trainer")
+    _common(p)
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8000; 0 = any free port)")
+    loop_flags(p)
+    p.set_defaults(fn=cmd_up)
+
+    p = sub.add_parser("train", help="the trainer alone: lease samples, train LoRA, publish versions")
+    _common(p)
+    loop_flags(p)
+    p.add_argument("--resume", action="store_true",
+                   help="require a checkpoint (the trainer always continues from one when it exists)")
+    p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("pool", help="inspect the data pool")
     _common(p)

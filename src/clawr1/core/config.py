@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"
-SECRET_FIELDS = frozenset({"api_keys", "admin_key"})
+SECRET_FIELDS = frozenset({"api_keys", "admin_key", "judge_api_key"})
 
 
 def default_data_dir() -> Path:
@@ -65,6 +65,10 @@ class PoolConfig(_Section):
 
     group_commit_max: int = Field(1024, ge=1, le=100_000)
     """Most queued writes committed together in one transaction (one fsync for all of them)."""
+
+    commit_linger_ms: float = Field(2.0, ge=0, le=1000)
+    """A lone step append waits this long for others to share its transaction (one fsync for
+    all). The gateway never waits for it; 0 commits every append at once."""
 
     writer_queue: int = Field(65_536, ge=1, le=10_000_000)
     """Writes waiting for the writer thread before new ones are refused with `PoolFullError`
@@ -122,9 +126,115 @@ class GatewayConfig(_Section):
     """Longest a request may take in the engine; past it the work is cancelled, the step stored as
     `aborted`, and the client gets 504 (a stream ends with an error event)."""
 
+    adapter_poll_s: float = Field(0.5, gt=0, le=60)
+    """How often the gateway looks for a newly published policy version to serve."""
+
     session_idle_s: float = Field(1800.0, gt=0, le=30 * 86_400)
     """A session with no request for this long is closed (its last turn is masked unless it has
     feedback), and its matcher state is freed."""
+
+
+class RewardConfig(_Section):
+    judge: Literal["auto", "llm", "classifier"] = "auto"
+    """Who scores a turn from its next state (rule evidence always comes first): `llm` asks a chat
+    model (`judge_url`, else the embedded model with the adapter off); `classifier` uses a small
+    embedding classifier that runs here without a hub download; `auto` = `llm` when `judge_url`
+    is set, else `classifier` when its package is installed, else `llm` on the embedded model."""
+
+    judge_url: str | None = Field(None, min_length=1, max_length=4096)
+    """Base URL of an OpenAI-compatible server for the LLM judge (e.g. `http://host:8000/v1`);
+    unset = the embedded model with the adapter disabled."""
+
+    judge_api_key: str | None = Field(None, min_length=1, max_length=4096)
+    """Bearer key for `judge_url` (never printed or logged)."""
+
+    judge_model: str = Field("default", min_length=1, max_length=256)
+    """Model name sent to `judge_url`."""
+
+    prm_m: int | None = Field(None, ge=1, le=15)
+    """Judge votes per turn; the majority of {+1, -1, 0} wins, ties give 0. Unset: 3 for `rl` and
+    `combine`, 1 for `opd`."""
+
+    judge_temperature: float = Field(0.6, ge=0, le=2)
+    """Sampling temperature of the judge's votes (above 0 so that m votes are m opinions)."""
+
+    judge_max_tokens: int = Field(96, ge=8, le=4096)
+    """Most tokens a judge vote or hint may take."""
+
+    hint_min_chars: int = Field(20, ge=1, le=2000)
+    """Shorter hints are rejected (the sample then leaves OPD, reason `hint_too_short`)."""
+
+    concurrency: int = Field(4, ge=1, le=256)
+    """Turns judged at once (their votes batch in the engine beside serving traffic)."""
+
+    poll_s: float = Field(0.5, gt=0, le=60)
+    """How often the reward worker looks for turns whose next state has arrived."""
+
+
+class TrainerConfig(_Section):
+    method: Literal["rl", "opd", "combine"] = "combine"
+    """rl: PPO-clipped binary reward; opd: hindsight-guided on-policy distillation from hints;
+    combine: w_opd * OPD advantage + w_rl * reward, per token."""
+
+    batch_size: int = Field(16, ge=1, le=4096)
+    """Samples leased per optimizer step."""
+
+    micro_batch: int = Field(4, ge=1, le=4096)
+    """Samples per forward/backward pass (gradients accumulate); bounds peak memory."""
+
+    max_wait_s: float = Field(5.0, ge=0, le=3600)
+    """Train on a partial batch once the oldest READY sample waited this long (fresh feedback
+    should not wait for 15 more)."""
+
+    lr: float = Field(2e-4, gt=0, le=1)
+    """AdamW learning rate."""
+
+    weight_decay: float = Field(0.0, ge=0, le=1)
+    """AdamW weight decay."""
+
+    grad_clip: float = Field(1.0, gt=0, le=1000)
+    """Gradient norm clip."""
+
+    lora_rank: int = Field(8, ge=1, le=1024)
+    """LoRA rank r."""
+
+    lora_alpha: float = Field(16.0, gt=0, le=4096)
+    """LoRA scaling alpha (the update is scaled by alpha / r)."""
+
+    lora_targets: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1, max_length=64)
+    """Module names that get LoRA adapters."""
+
+    eps_low: float = Field(0.2, ge=0, le=1)
+    """PPO clip: the ratio may fall to 1 - eps_low."""
+
+    eps_high: float = Field(0.28, ge=0, le=10)
+    """PPO clip: the ratio may rise to 1 + eps_high (asymmetric, as in DAPO)."""
+
+    kl_coef: float = Field(0.0, ge=0, le=10)
+    """Weight of a KL penalty to the base model (free with LoRA: the adapter switched off)."""
+
+    opd_clip: float = Field(2.0, gt=0, le=100)
+    """OPD advantage bound: teacher - behaviour logprob per token is clipped to [-opd_clip, opd_clip]."""
+
+    teacher: Literal["policy", "base"] = "policy"
+    """OPD teacher: the current policy or the base model, each with the hint in its context."""
+
+    w_opd: float = Field(1.0, ge=0, le=100)
+    """combine: weight of the per-token OPD advantage."""
+
+    w_rl: float = Field(1.0, ge=0, le=100)
+    """combine: weight of the binary reward."""
+
+    threads: int = Field(1, ge=0, le=512)
+    """Torch threads of the trainer process (0 = torch's default)."""
+
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    """Seed of the trainer's RNGs (LoRA init, shuffling)."""
+
+    poll_s: float = Field(0.5, gt=0, le=60)
+    """How often an idle trainer looks for READY samples."""
 
 
 class Config(_Section):
@@ -139,6 +249,12 @@ class Config(_Section):
 
     pool: PoolConfig = Field(default_factory=PoolConfig)
     """The data pool: durability, group commit, leases, staleness and the fresh/off-policy mix."""
+
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    """The reward stage: judge, votes, hints."""
+
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    """The trainer: method, batch, LoRA, loss bounds."""
 
 
 def _parse_value(raw: str) -> Any:

@@ -157,6 +157,18 @@ class DataPool(ABC):
     def session_by_key(self, key_hash: str) -> tuple[str, str, str] | None:
         """(tenant, session_id, status) of the session whose API key hashes to `key_hash`."""
 
+    @abstractmethod
+    def ready_state(self) -> tuple[int, float | None]:
+        """(number of READY samples, epoch time the oldest of them became READY)."""
+
+    @abstractmethod
+    def hints(self, step_ids: Iterable[str]) -> dict[str, str]:
+        """The hint each of these steps trains with (explicit feedback before the judge's)."""
+
+    @abstractmethod
+    def unjudged(self, limit: int = 64) -> list[str]:
+        """Step ids of main turns whose next state has arrived and that have no reward yet."""
+
     def pending_writes(self) -> int:
         """Writes queued and not yet committed (the gateway sheds load before this reaches the cap)."""
         return 0

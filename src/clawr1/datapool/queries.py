@@ -69,6 +69,35 @@ def get_steps(conn: sqlite3.Connection, step_ids: list[str]) -> list[Step]:
     return [found[s] for s in step_ids]
 
 
+def ready_state(conn: sqlite3.Connection) -> tuple[int, float | None]:
+    """(READY samples, when the oldest of them became ready): the trainer's "is a batch due?"."""
+    count, oldest = conn.execute("SELECT count(*), min(ready_at) FROM samples WHERE status = 'ready'").fetchone()
+    return count, oldest
+
+
+def hints(conn: sqlite3.Connection, step_ids: list[str]) -> dict[str, str]:
+    """The hint each step trains with: explicit feedback first, else the judge's; the latest of a kind."""
+    out: dict[str, str] = {}
+    for start in range(0, len(step_ids), 500):
+        chunk = step_ids[start:start + 500]
+        rows = conn.execute(f"SELECT step_id, text FROM hints WHERE step_id IN ({', '.join('?' * len(chunk))}) "
+                            "ORDER BY source = 'feedback', id", chunk).fetchall()
+        for step_id, text in rows:  # ascending: the preferred hint comes last and wins
+            out[step_id] = text
+    return out
+
+
+def unjudged(conn: sqlite3.Connection, limit: int) -> list[str]:
+    """Main turns whose next state has arrived and that carry no reward yet, oldest first."""
+    rows = conn.execute("SELECT step_id FROM samples WHERE status = 'pending' AND reward IS NULL "
+                        "AND next_step_id IS NOT NULL ORDER BY updated_at LIMIT ?", (limit,)).fetchall()
+    return [r[0] for r in rows]
+
+
+def newest_version(conn: sqlite3.Connection) -> int | None:
+    return _one(conn, "SELECT max(policy_version) FROM steps")
+
+
 def last_turn(conn: sqlite3.Connection, tenant: str, session_id: str) -> int | None:
     return _one(conn, "SELECT max(turn_index) FROM steps WHERE tenant = ? AND session_id = ?", tenant, session_id)
 

@@ -114,27 +114,9 @@ CREATE INDEX IF NOT EXISTS samples_ready ON samples (policy_version DESC, ready_
 CREATE INDEX IF NOT EXISTS samples_by_session ON samples (tenant, session_id, turn_index);
 CREATE INDEX IF NOT EXISTS samples_by_lease ON samples (lease_id) WHERE lease_id IS NOT NULL;
 
--- Storing a step maintains everything derived from it, inside the INSERT itself: its session, and
--- for a main turn its sample and the links to the nearest main turns on each side (turns of one
--- session may arrive out of order). Doing it in SQL keeps the writer at one statement a batch.
-CREATE TRIGGER IF NOT EXISTS step_stored AFTER INSERT ON steps BEGIN
-    INSERT INTO sessions (tenant, session_id, status, created_at, updated_at)
-        VALUES (NEW.tenant, NEW.session_id, 'open', NEW.created_at, NEW.created_at)
-        -- A turn arriving after a close (a client that kept its session id) reopens the session.
-        ON CONFLICT DO UPDATE SET updated_at = max(updated_at, excluded.updated_at), status = 'open',
-            closed_at = NULL;
-    INSERT INTO samples (step_id, tenant, session_id, turn_index, policy_version, status, weight, updated_at,
-            next_step_id)
-        SELECT NEW.step_id, NEW.tenant, NEW.session_id, NEW.turn_index, NEW.policy_version, 'pending', 1.0,
-            NEW.created_at, (SELECT n.step_id FROM samples n WHERE n.tenant = NEW.tenant
-                AND n.session_id = NEW.session_id AND n.turn_index > NEW.turn_index ORDER BY n.turn_index LIMIT 1)
-        WHERE NEW.turn_type = 'main';
-    UPDATE samples SET next_step_id = NEW.step_id
-        WHERE NEW.turn_type = 'main' AND step_id = (SELECT p.step_id FROM samples p WHERE p.tenant = NEW.tenant
-                AND p.session_id = NEW.session_id AND p.turn_index < NEW.turn_index ORDER BY p.turn_index DESC LIMIT 1)
-            AND (next_step_id IS NULL
-                OR (SELECT n.turn_index FROM samples n WHERE n.step_id = samples.next_step_id) > NEW.turn_index);
-END;
+-- Sessions, samples and next-state links are maintained by `ops.insert_steps`, once per batch.
+-- Early files kept that in a per-row trigger, which would now do it twice.
+DROP TRIGGER IF EXISTS step_stored;
 
 CREATE TABLE IF NOT EXISTS leases (
     lease_id TEXT PRIMARY KEY,
@@ -197,6 +179,9 @@ def ensure_schema(conn: sqlite3.Connection) -> None:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise RuntimeError(f"pool schema v{version} is newer than this clawr1 (v{SCHEMA_VERSION})")
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(sessions)")}
+        if columns and "key_hash" not in columns:  # a file from before per-session keys
+            conn.execute("ALTER TABLE sessions ADD COLUMN key_hash TEXT")
         for statement in _statements(SCHEMA):
             conn.execute(statement)
         conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -219,11 +204,16 @@ def _unpack(code: str, blob: bytes) -> list:
     return list(struct.unpack(f"<{len(blob) // struct.calcsize(code)}{code}", blob))
 
 
-_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # built once: it is per step
+# JSONEncoder.encode builds a new C encoder on every call (~3 µs, as much as encoding a small
+# dict); this one is built once. Like json.dumps(ensure_ascii=False, separators=(",", ":")), but
+# without the circular-reference check (a cycle is a RecursionError, not a ValueError).
+_c_encoder = json.encoder.c_make_encoder and json.encoder.c_make_encoder(
+    None, json.JSONEncoder().default, json.encoder.encode_basestring, None, ":", ",", False, False, True)
+_py_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # where there is no C encoder
 
 
 def dumps(value: Any) -> str:
-    return _encode(value)
+    return "".join(_c_encoder(value, 0)) if _c_encoder else _py_encode(value)
 
 
 def next_state_of(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

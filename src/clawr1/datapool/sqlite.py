@@ -44,7 +44,8 @@ class SQLitePool(DataPool):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = connect(self.path, self.config)
         ensure_schema(conn)
-        self._writer = GroupCommitWriter(conn, self.config.group_commit_max, self.config.writer_queue)
+        self._writer = GroupCommitWriter(conn, self.config.group_commit_max, self.config.writer_queue,
+                                         self.config.commit_linger_ms / 1000, (ops.insert_steps,))
         self._reader = connect(self.path, self.config)
         self._reader.row_factory = sqlite3.Row
         self._read_lock = threading.Lock()
@@ -131,6 +132,15 @@ class SQLitePool(DataPool):
 
     def session_by_key(self, key_hash: str) -> tuple[str, str, str] | None:
         return self._read(queries.session_by_key, key_hash)
+
+    def ready_state(self) -> tuple[int, float | None]:
+        return self._read(queries.ready_state)
+
+    def hints(self, step_ids: Iterable[str]) -> dict[str, str]:
+        return self._read(queries.hints, list(step_ids))
+
+    def unjudged(self, limit: int = 64) -> list[str]:
+        return self._read(queries.unjudged, limit)
 
     def pending_writes(self) -> int:
         return self._writer.pending()

@@ -6,8 +6,9 @@ resolves the futures. So an acknowledged write is a committed one, and 1,000 con
 cost one fsync instead of 1,000.
 
 A write is `(op, arg)` where `op(conn, [arg, ...])` returns one result per arg: consecutive writes
-with the same op run as one call, so appends become a few `executemany` statements (SQLite's C
-loop, which releases the GIL) instead of a Python loop of single statements.
+with the same op run as one call, so a batch of appends becomes a handful of multi-row statements
+instead of a Python loop of single statements. Each statement (and each row fetched) hands the GIL
+back and forth, and while callers encode steps each reacquisition can wait a switch interval.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import queue
 import sqlite3
 import threading
+import time
 from concurrent.futures import Future
 from itertools import groupby
 from typing import Any, Callable
@@ -33,9 +35,11 @@ def run_each(conn: sqlite3.Connection, fns: list[Callable[[sqlite3.Connection], 
 class GroupCommitWriter:
     """Owns the write connection; everything that changes the pool in this process goes through it."""
 
-    def __init__(self, conn: sqlite3.Connection, max_batch: int, max_queue: int):
+    def __init__(self, conn: sqlite3.Connection, max_batch: int, max_queue: int, linger_s: float = 0.0,
+                 linger_ops: tuple[BatchOp, ...] = ()):
         self._conn = conn
         self._max_batch = max_batch
+        self._linger_s, self._linger_ops = linger_s, linger_ops
         self._queue: queue.Queue = queue.Queue(max_queue)
         self._closed = False
         self._lock = threading.Lock()
@@ -79,11 +83,21 @@ class GroupCommitWriter:
         stopping = False
         while not stopping:
             batch = [self._queue.get()]
-            while len(batch) < self._max_batch:
+            # Appends may wait `linger_s` for company: at low load each would otherwise be a
+            # transaction of its own (~0.8 ms of CPU and an fsync each, against ~0.1 ms a step in
+            # a group). Nobody waits on an append's reply for it: the gateway answers first.
+            deadline = time.monotonic() + (self._linger_s if batch[0][0] in self._linger_ops else 0.0)
+            while len(batch) < self._max_batch and batch[-1] is not _STOP:
                 try:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
-                    break
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    try:
+                        batch.append(self._queue.get(timeout=left))
+                    except queue.Empty:
+                        break
             if batch[-1] is _STOP:
                 batch.pop()
                 stopping = True

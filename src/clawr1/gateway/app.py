@@ -10,26 +10,41 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import itertools
 import json
 import logging
 import time
-from typing import Any, AsyncIterator, NamedTuple, TypeVar
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, NamedTuple, TypeVar
 
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ValidationError
 
 from clawr1.core.config import Config
 from clawr1.core.records import DEFAULT_TENANT, Step
-from clawr1.core.types import Generation, SamplingParams
+from clawr1.core.types import EngineError, Generation, SamplingParams
 from clawr1.datapool.base import DataPool, PoolFullError
+from clawr1.engine import adapters
 from clawr1.engine.base import Engine, GenerationStream
-from clawr1.gateway import errors
+from clawr1.gateway import errors, schema
 from clawr1.gateway.errors import APIError
 from clawr1.gateway.sessions import SESSION_KEY_PREFIX, SessionResolver, Turn, hash_key
 
 log = logging.getLogger(__name__)
 POLICY = "policy"  # the adapter name the trainer publishes; served when loaded, else the base model
 M = TypeVar("M", bound=BaseModel)
+
+
+_ID_TAG = uuid.uuid4().hex[:12]  # unique per process; a counter makes the rest (no urandom per request)
+_ids = itertools.count()
+
+
+def new_id(prefix: str) -> str:
+    """`chatcmpl-...`, `cmpl-...`: unique across processes and restarts (they prefix step ids,
+    which are the pool's idempotency keys)."""
+    return f"{prefix}{_ID_TAG}{next(_ids):012x}"
 
 
 class Caller(NamedTuple):
@@ -44,6 +59,7 @@ class Gateway:
         self.pending = 0  # steps admitted whose writes are not yet handed to the pool
         self._session_keys: dict[str, tuple[str, str]] = {}  # key sha256 -> (tenant, session id)
         self._tasks: set[asyncio.Task] = set()  # background closes, referenced until done
+        self.swaps: list[tuple[float, int, float]] = []  # (when, version, load seconds)
 
     # ---- request plumbing -----------------------------------------------------------------
     async def read(self, request: Request, model: type[M]) -> M:
@@ -130,16 +146,16 @@ class Gateway:
         """Wait for whole generations; a client that disconnects or a request past its timeout
         cancels the engine work. Returns the generations (aborted ones included) and the outcome:
         `ok`, `disconnected` or `timeout`."""
-        finals = asyncio.gather(*[s.final() for s in streams])
+        finals = asyncio.ensure_future(streams[0].final() if len(streams) == 1 else _all_final(streams))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             done, _ = await asyncio.wait({finals, gone}, timeout=self.config.gateway.request_timeout_s,
                                          return_when=asyncio.FIRST_COMPLETED)
             if finals in done:
-                return finals.result(), "ok"
+                return _listed(finals.result()), "ok"
             for stream in streams:
                 stream.cancel()
-            return await finals, "disconnected" if gone in done else "timeout"
+            return _listed(await finals), "disconnected" if gone in done else "timeout"
         finally:
             gone.cancel()
 
@@ -190,6 +206,44 @@ class Gateway:
         if not task.cancelled() and task.exception() is not None:
             log.error("background gateway task failed: %r", task.exception())
 
+    def restore_sessions(self, limit: int = 1000) -> int:
+        """After a restart: the matcher re-learns the last turn of each recently active open
+        session, so a stock client's conversation continues in its session. Returns how many."""
+        cutoff = time.time() - self.config.gateway.session_idle_s
+        restored = 0
+        for session in self.pool.sessions(limit=limit):
+            if session["status"] != "open" or session["updated_at"] < cutoff:
+                continue
+            turns = self.pool.show(session["session_id"], session["tenant"])["steps"]
+            mains = [t for t in turns if t["turn_type"] == "main"]
+            if mains:
+                [step] = self.pool.get_steps([mains[-1]["step_id"]])
+                reply = schema.message_of(self.engine.parse(step.text))
+                self.sessions.restore(step.tenant, step.session_id, step.messages, reply, turns[-1]["turn_index"] + 1)
+                restored += 1
+        return restored
+
+    async def watch_adapters(self) -> None:
+        """Serve each newly published policy version: the engine loads it beside the old one and
+        flips the name atomically, so in-flight requests finish on their version and nothing
+        fails. A version that does not load is logged once and skipped."""
+        root = Path(self.config.data_dir) / "adapters"
+        skipped: set[int] = set()
+        while True:
+            await asyncio.sleep(self.config.gateway.adapter_poll_s)
+            newest = await asyncio.to_thread(adapters.latest, root, POLICY)
+            if newest is None or newest[0] in skipped or newest[0] <= self.engine.adapters().get(POLICY, -1):
+                continue
+            started = time.perf_counter()
+            try:
+                await self.engine.load_adapter(POLICY, newest[1])
+            except EngineError as exc:
+                skipped.add(newest[0])
+                log.error("policy v%d at %s was not loaded: %s", newest[0], newest[1], exc)
+                continue
+            self.swaps.append((time.time(), newest[0], time.perf_counter() - started))
+            log.info("serving policy v%d (loaded in %.0f ms)", newest[0], 1000 * (time.perf_counter() - started))
+
     async def sweep_idle(self) -> None:
         """Close sessions idle for `session_idle_s` (those with a request in flight are kept)."""
         idle = self.config.gateway.session_idle_s
@@ -203,6 +257,14 @@ class Gateway:
                 continue
             for tenant, session_id in closed:
                 self.sessions.forget(tenant, session_id)
+
+
+async def _all_final(streams: list[GenerationStream]) -> list[Generation]:
+    return list(await asyncio.gather(*[s.final() for s in streams]))
+
+
+def _listed(result: Generation | list[Generation]) -> list[Generation]:
+    return result if isinstance(result, list) else [result]
 
 
 async def _disconnected(request: Request) -> None:
@@ -223,12 +285,16 @@ def create_app(engine: Engine, pool: DataPool, config: Config) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        sweeper = asyncio.create_task(gateway.sweep_idle())
+        restored = await asyncio.to_thread(gateway.restore_sessions)
+        if restored:
+            log.info("restored %d open sessions for history matching", restored)
+        background = [asyncio.create_task(gateway.sweep_idle()), asyncio.create_task(gateway.watch_adapters())]
         try:
             yield
         finally:
-            sweeper.cancel()
-            await asyncio.gather(sweeper, *gateway._tasks, return_exceptions=True)
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, *gateway._tasks, return_exceptions=True)
 
     app = FastAPI(title="Claw-R1 gateway", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.gateway = gateway

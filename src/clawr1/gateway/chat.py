@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import time
-import uuid
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from clawr1.engine.base import GenerationStream
 from clawr1.gateway import schema
-from clawr1.gateway.app import Gateway
+from clawr1.gateway.app import Gateway, new_id
 from clawr1.gateway.errors import APIError
 from clawr1.gateway.sessions import Turn
 from clawr1.gateway.streaming import TimedOut, events, sse, timeout_event
@@ -42,7 +42,7 @@ async def chat_completions(gw: Gateway, request: Request, path_ids: tuple[str, s
     streams = gw.start(prompt_ids, samplings)
     headers = {k.lower(): v for k, v in request.headers.items()}
     turn = gw.sessions.resolve(caller.tenant, req.messages, headers, path_ids, caller.session_id)
-    cid = "chatcmpl-" + uuid.uuid4().hex[:24]
+    cid = new_id("chatcmpl-")
     if req.stream:
         return StreamingResponse(stream_chat(gw, req, streams[0], turn, cid, started),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

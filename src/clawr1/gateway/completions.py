@@ -5,15 +5,15 @@ choices are one turn of the session; `prompt_id` groups them (GRPO groups)."""
 from __future__ import annotations
 
 import time
-import uuid
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from clawr1.engine.base import GenerationStream
 from clawr1.gateway import schema
-from clawr1.gateway.app import Gateway
+from clawr1.gateway.app import Gateway, new_id
 from clawr1.gateway.errors import APIError
 from clawr1.gateway.sessions import Turn
 from clawr1.gateway.streaming import TimedOut, events, sse, timeout_event
@@ -56,7 +56,7 @@ async def text_completions(gw: Gateway, request: Request, path_ids: tuple[str, s
             gw.pending -= len(streams)
         raise
     turns = [gw.sessions.resolve(caller.tenant, [], headers, path_ids, caller.session_id) for _ in prompts]
-    cid = "cmpl-" + uuid.uuid4().hex[:24]
+    cid = new_id("cmpl-")
     if req.stream:
         return StreamingResponse(stream_text(gw, req, groups[0][0], turns[0], cid, started),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

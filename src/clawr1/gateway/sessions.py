@@ -12,8 +12,9 @@ import secrets
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from clawr1.gateway.matcher import HistoryMatcher
 
@@ -75,6 +76,13 @@ class SessionResolver:
             with self._lock:
                 if (turn.tenant, turn.session_id) in self._next_turn:  # not closed meanwhile
                     self.matcher.record(turn.tenant, turn.session_id, messages, reply)
+
+    def restore(self, tenant: str, session_id: str, messages: list[dict[str, Any]], reply: dict[str, Any],
+                next_turn: int) -> None:
+        """Re-learn an open session's last main turn from the pool (after a restart)."""
+        with self._lock:
+            self._next_turn.setdefault((tenant, session_id), next_turn)
+            self.matcher.record(tenant, session_id, messages, reply)
 
     def forget(self, tenant: str, session_id: str) -> None:
         """A closed session: its transcript no longer matches, its counters go (no state grows

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from clawr1.core.types import TokenEvent
 from clawr1.engine.base import GenerationStream
@@ -18,25 +18,23 @@ class TimedOut(Exception):
 
 async def events(stream: GenerationStream, keepalive_s: float, timeout_s: float) -> AsyncIterator[TokenEvent | None]:
     """The stream's tokens, with a `None` every `keepalive_s` without one (the request is queued
-    or prefilling); raises TimedOut past the deadline."""
-    deadline = time.monotonic() + timeout_s
+    or prefilling); raises TimedOut past the deadline. One timer per wait, no task per token:
+    the stream's `__anext__` is a queue get, which a timeout cancels safely."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
     iterator = stream.__aiter__()
     while True:
-        step = asyncio.ensure_future(iterator.__anext__())
+        left = deadline - loop.time()
+        if left <= 0:
+            raise TimedOut
         try:
-            while not step.done():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimedOut
-                done, _ = await asyncio.wait({step}, timeout=min(keepalive_s, left))
-                if not done and time.monotonic() < deadline:
-                    yield None
-            event = step.result()
+            async with asyncio.timeout(min(keepalive_s, left)):
+                event = await iterator.__anext__()
+        except TimeoutError:
+            yield None
+            continue
         except StopAsyncIteration:
             return
-        finally:
-            if not step.done():
-                step.cancel()
         yield event
 
 

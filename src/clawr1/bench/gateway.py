@@ -1,0 +1,480 @@
+"""Gateway benchmark: what the gateway adds over calling a backend directly, next to other proxies.
+
+Targets, each in its own process so the load generator never shares a GIL with a server:
+- `direct`: the fake OpenAI-compatible backend (`clawr1.bench.fake`), answering a fixed 16-token reply;
+- `passthrough`: a minimal aiohttp proxy in front of it (`clawr1.bench.passthrough`), the lean floor;
+- `gateway`: ours, `create_app(FakeEngine(), SQLitePool(tmp), config)` under uvicorn, recording on;
+- `litellm`: LiteLLM's proxy in front of the fake backend, when the `litellm` executable is found
+  (`$CLAWR1_LITELLM` or PATH; install `litellm[proxy]` in a separate venv).
+
+The load generator speaks raw HTTP/1.1 over keep-alive asyncio streams (an HTTP client library would
+cost more than the fake backend). For each target, mode (plain, `stream: true` read to `[DONE]`) and
+client count: a warm-up, then `requests` requests (or `seconds`, whichever ends first); p50/p99 per
+request and req/s. Added latency = target minus direct. Afterwards the gateway's pool must hold one
+step per request it answered: the numbers are with recording on, and proven so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from clawr1.bench.fake import REPLY, run_loop
+from clawr1.core.config import Config, load_config
+
+MODES = ("plain", "stream")
+OURS, DIRECT = "gateway", "direct"
+LITELLM_KEY = "sk-clawr1-bench-" + "0" * 32  # LiteLLM refuses to start without a master key
+LITELLM_MISSING = ("LiteLLM not installed (pip install 'litellm[proxy]' in a separate venv and set "
+                   "CLAWR1_LITELLM=/path/to/litellm)")
+GOAL_ADDED_P50_MS, GOAL_ADDED_P99_MS, GOAL_REQ_S = 1.0, 5.0, 1500.0
+MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "Say hello in one short sentence."}]
+
+
+# ---- servers ---------------------------------------------------------------------------------------
+
+@dataclass
+class Server:
+    name: str
+    port: int
+    proc: subprocess.Popen
+    log: Path
+    token: str | None = None  # bearer key the target wants
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGINT (every server here shuts down gracefully on it) and wait; kill if it hangs."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise RuntimeError(f"{self.name} did not stop within {timeout:.0f}s; killed. Log: {self.log}")
+        return self.proc.returncode
+
+    def log_tail(self, chars: int = 2000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU of the server process, all threads (Linux /proc; None elsewhere)."""
+        stat = Path(f"/proc/{self.proc.pid}/stat")
+        if not stat.exists():
+            return None
+        fields = stat.read_text().rpartition(")")[2].split()  # after "pid (comm)"; comm may hold spaces
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(name: str, argv: list[str], workdir: Path, env: dict[str, str] | None = None,
+          token: str | None = None) -> Server:
+    port = free_port()
+    log = workdir / f"{name}.log"
+    with log.open("wb") as out:  # the child keeps its own descriptor
+        proc = subprocess.Popen([a.replace("{port}", str(port)) for a in argv], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, cwd=workdir)
+    return Server(name, port, proc, log, token)
+
+
+def find_litellm() -> str | None:
+    return os.environ.get("CLAWR1_LITELLM") or shutil.which("litellm")
+
+
+def litellm_argv(executable: str, upstream_port: int, workdir: Path) -> list[str]:
+    config = workdir / "litellm.yaml"
+    config.write_text(f"""model_list:
+  - model_name: fake
+    litellm_params:
+      model: openai/fake
+      api_base: http://127.0.0.1:{upstream_port}/v1
+      api_key: unused
+litellm_settings:
+  drop_params: true
+general_settings:
+  master_key: {LITELLM_KEY}
+""")
+    return [executable, "--config", str(config), "--host", "127.0.0.1", "--port", "{port}", "--num_workers", "1"]
+
+
+def serve_gateway(config_json: Path, port: int) -> None:
+    """The `gateway` target's process: our app on the fake engine, recording into `config.data_dir`."""
+    import importlib.util
+
+    import uvicorn
+
+    from clawr1.bench.fake import FakeEngine
+    from clawr1.datapool import SQLitePool
+    from clawr1.gateway.app import create_app
+    from clawr1.gateway.server import tune_gc
+
+    config = Config.model_validate_json(config_json.read_text())
+    pool = SQLitePool(config.data_dir, config.pool)
+    # uvloop + httptools when installed: what `clawr1 serve` (uvicorn's "auto") runs on.
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    app = create_app(FakeEngine(), pool, config)
+    tune_gc()  # as `clawr1 serve` does
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, loop=loop, http=http,
+                                           log_level="warning", access_log=False, lifespan="on"))
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass  # uvicorn re-raises the SIGINT that stopped it after a graceful shutdown: the normal end
+    finally:
+        pool.close()  # commits every queued step before the process exits
+
+
+# ---- load generator --------------------------------------------------------------------------------
+
+def request_bytes(port: int, stream: bool, token: str | None) -> bytes:
+    body = json.dumps({"model": "fake", "messages": MESSAGES, "max_tokens": 16, "stream": stream}).encode()
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"{auth}Content-Length: {len(body)}\r\n\r\n")
+    return head.encode() + body
+
+
+_LENGTH = re.compile(rb"\r\ncontent-length:\s*(\d+)")
+_REPLY = REPLY.encode()
+
+
+async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                   payload: bytes) -> tuple[int, bytes, bool]:
+    """One request on a keep-alive connection: (status, body, whether the connection stays open).
+    Reads content-length and chunked bodies."""
+    writer.write(payload)
+    head = (await reader.readuntil(b"\r\n\r\n")).lower()
+    status = int(head[9:12])
+    if b"\r\ntransfer-encoding: chunked" in head:
+        parts = []
+        while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
+            parts.append((await reader.readexactly(size + 2))[:-2])
+        await reader.readuntil(b"\r\n")  # the empty line after the last chunk (no trailers here)
+        body = b"".join(parts)
+    else:
+        match = _LENGTH.search(head)
+        body = await reader.readexactly(int(match.group(1))) if match else b""
+    return status, body, b"\r\nconnection: close" not in head
+
+
+def reply_ok(body: bytes, stream: bool) -> bool:
+    """The fixed reply came through: its text (plain) or a stream ending in [DONE]."""
+    return body.rstrip().endswith(b"data: [DONE]") if stream else _REPLY in body
+
+
+@dataclass
+class Load:
+    """Requests on `concurrency` keep-alive connections to one target; counts what it answered."""
+
+    server: Server
+    stream: bool
+    concurrency: int
+    served: Counter  # good replies by target name, across Loads
+    errors: list[str] = field(default_factory=list)
+    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = field(default_factory=list)
+    payload: bytes = b""
+
+    async def __aenter__(self) -> Self:
+        self.payload = request_bytes(self.server.port, self.stream, self.server.token)
+        self.conns = [await asyncio.open_connection("127.0.0.1", self.server.port) for _ in range(self.concurrency)]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for _, writer in self.conns:
+            writer.close()
+        await asyncio.gather(*(w.wait_closed() for _, w in self.conns), return_exceptions=True)
+
+    async def run(self, count: int, seconds: float) -> tuple[list[float], float]:
+        """Up to `count` requests or `seconds`; (latencies in ms of good replies, wall seconds)."""
+        latencies: list[float] = []
+        left = count
+        deadline = time.perf_counter() + seconds
+
+        async def worker(i: int) -> None:
+            nonlocal left
+            while left > 0 and time.perf_counter() < deadline:
+                left -= 1
+                reader, writer = self.conns[i]
+                t0 = time.perf_counter()
+                try:
+                    status, body, keep_alive = await exchange(reader, writer, self.payload)
+                except (ConnectionError, asyncio.IncompleteReadError) as exc:
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
+                    status, body, keep_alive = 0, b"", False
+                if status == 200 and reply_ok(body, self.stream):
+                    latencies.append((time.perf_counter() - t0) * 1000)
+                    self.served[self.server.name] += 1
+                elif status:
+                    self.errors.append(f"HTTP {status}: {body[:200]!r}")
+                if not keep_alive:
+                    writer.close()
+                    self.conns[i] = await asyncio.open_connection("127.0.0.1", self.server.port)
+
+        start = time.perf_counter()
+        async with asyncio.timeout(seconds + 120):  # a hung server fails the run instead of stalling it
+            await asyncio.gather(*(worker(i) for i in range(self.concurrency)))
+        return latencies, time.perf_counter() - start
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending list."""
+    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
+
+
+async def wait_ready(server: Server, served: Counter, timeout: float) -> None:
+    """Until the target answers a real completion (LiteLLM needs ~15 s to start)."""
+    deadline = time.perf_counter() + timeout
+    last = "no answer"
+    while time.perf_counter() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"{server.name} exited with {server.proc.returncode}:\n{server.log_tail()}")
+        try:
+            async with Load(server, False, 1, served) as load:
+                await load.run(1, 30)
+                if not load.errors:
+                    return
+                last = load.errors[-1]
+        except OSError as exc:  # not listening yet
+            last = str(exc)
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"{server.name} not ready after {timeout:.0f}s ({last}):\n{server.log_tail()}")
+
+
+async def measure(server: Server, stream: bool, concurrency: int, requests: int, seconds: float,
+                  served: Counter) -> dict[str, Any]:
+    async with Load(server, stream, concurrency, served) as load:
+        await load.run(max(2 * concurrency, requests // 20), min(2.0, seconds / 2))  # warm-up, discarded
+        warm_errors = len(load.errors)
+        cpu = server.cpu_seconds()
+        latencies, wall = await load.run(requests, seconds)
+        cpu_after = server.cpu_seconds()
+    latencies.sort()
+    cell: dict[str, Any] = {"n": len(latencies), "errors": len(load.errors) - warm_errors,
+                            "req_s": len(latencies) / wall if wall > 0 else 0.0}
+    if cpu is not None and cpu_after is not None and latencies:
+        # The server's own CPU a request: on cores shared with the load generator, the number that transfers.
+        cell["cpu_ms"] = (cpu_after - cpu) * 1000 / len(latencies)
+    if latencies:
+        cell.update(p50_ms=percentile(latencies, 0.5), p99_ms=percentile(latencies, 0.99),
+                    mean_ms=sum(latencies) / len(latencies))
+    if load.errors:
+        cell["first_error"] = load.errors[0]
+    return cell
+
+
+# ---- the run -----------------------------------------------------------------------------------------
+
+def run(config: Config, console: Console | None = None, requests: int = 2000, concurrency: tuple[int, ...] = (1, 64),
+        include_litellm: bool = True, seconds: float = 5.0) -> dict[str, Any]:
+    """Run the benchmark, print tables of results, ratios and goals, and return the numbers."""
+    console = console or Console()
+    with tempfile.TemporaryDirectory(prefix="clawr1-bench-gateway-") as tmp:
+        numbers = run_loop(_bench(config, console, Path(tmp), requests, tuple(concurrency), include_litellm, seconds))
+    _summarise(numbers)
+    for table in _tables(numbers):
+        console.print(table)
+    return numbers
+
+
+async def _bench(config: Config, console: Console, workdir: Path, requests: int, concurrency: tuple[int, ...],
+                 include_litellm: bool, seconds: float) -> dict[str, Any]:
+    data_dir = workdir / "data"
+    config_json = workdir / "config.json"
+    config_json.write_text(config.model_copy(update={"data_dir": data_dir}).model_dump_json())
+    litellm = find_litellm() if include_litellm else None
+    numbers: dict[str, Any] = {
+        "requests": requests, "seconds": seconds, "concurrency": list(concurrency), "reply_tokens": 16,
+        "cpus": os.cpu_count(), "targets": {},
+        "litellm": "included" if litellm else ("not requested" if not include_litellm else LITELLM_MISSING),
+    }
+    served: Counter = Counter()
+    cells = [(mode, c) for mode in MODES for c in concurrency]
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console, refresh_per_second=4, transient=True)
+    task = progress.add_task("starting", total=(3 + bool(litellm)) * len(cells))
+
+    async def bench_target(server: Server) -> None:
+        await wait_ready(server, served, 180)  # LiteLLM needs ~15 s on two cores
+        results = numbers["targets"].setdefault(server.name, {})
+        for mode, c in cells:
+            progress.update(task, description=f"{server.name}: {mode}, {c} client(s)")
+            cell = await measure(server, mode == "stream", c, requests, seconds, served)
+            results.setdefault(mode, {})[str(c)] = cell
+            progress.advance(task)
+
+    py = sys.executable
+    with progress:
+        backend = start(DIRECT, [py, "-m", "clawr1.bench.fake", "--port", "{port}"], workdir)
+        try:
+            await bench_target(backend)
+            upstream = f"http://127.0.0.1:{backend.port}"
+            launchers = {
+                "passthrough": lambda: start("passthrough", [py, "-m", "clawr1.bench.passthrough", "--port", "{port}",
+                                                             "--upstream", upstream], workdir),
+                OURS: lambda: start(OURS, [py, "-m", "clawr1.bench.gateway", "--serve-port", "{port}",
+                                           "--serve-config", str(config_json)], workdir,
+                                    token=config.gateway.api_keys[0] if config.gateway.api_keys else None),
+            }
+            if litellm:
+                # A local cost map: no network fetch (and no stall) at startup.
+                launchers["litellm"] = lambda: start(
+                    "litellm", litellm_argv(litellm, backend.port, workdir), workdir,
+                    {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}, token=LITELLM_KEY)
+            # One proxy at a time, so no other server's process competes for the two cores.
+            for name, launch in launchers.items():
+                progress.update(task, description=f"starting {name}")
+                server = launch()
+                try:
+                    await bench_target(server)
+                finally:
+                    code = server.stop()
+                if name == OURS and code != 0:
+                    raise RuntimeError(f"the gateway exited with {code}:\n{server.log_tail()}")
+        finally:
+            backend.stop()
+    numbers["recording"] = _recorded(config, data_dir, served[OURS])
+    return numbers
+
+
+def _recorded(config: Config, data_dir: Path, served: int) -> dict[str, Any]:
+    """Read the gateway's pool after its process exited (everything it queued is committed)."""
+    from clawr1.datapool import SQLitePool
+
+    pool = SQLitePool(data_dir, config.pool)
+    try:
+        steps = pool.stats()["steps"]
+    finally:
+        pool.close()
+    return {"served": served, "recorded_steps": steps, "ok": steps == served}
+
+
+def _summarise(numbers: dict[str, Any]) -> None:
+    """Added latency over direct, our ratios to the other proxies, and the goal checks, in place."""
+    targets = numbers["targets"]
+    direct = targets[DIRECT]
+    for name, modes in targets.items():
+        if name == DIRECT:
+            continue
+        for mode, cells in modes.items():
+            for c, cell in cells.items():
+                base = direct[mode][c]
+                if "p50_ms" in cell and "p50_ms" in base:
+                    cell["added_p50_ms"] = cell["p50_ms"] - base["p50_ms"]
+                    cell["added_p99_ms"] = cell["p99_ms"] - base["p99_ms"]
+    ratios: dict[str, Any] = {}
+    for other in ("passthrough", "litellm"):
+        if other not in targets:
+            continue
+        for mode, cells in targets[OURS].items():
+            for c, ours in cells.items():
+                theirs = targets[other][mode][c]
+                ratio = {"req_s": ours["req_s"] / theirs["req_s"] if theirs["req_s"] else None,
+                         # how many times less latency we add (None when we add none to divide by)
+                         "added_p50": (theirs.get("added_p50_ms", 0) / ours["added_p50_ms"]
+                                       if ours.get("added_p50_ms", 0) > 0 else None)}
+                ratios.setdefault(other, {}).setdefault(mode, {})[c] = ratio
+    numbers["ratios"] = ratios
+    one, many = str(numbers["concurrency"][0]), str(numbers["concurrency"][-1])
+    plain = targets[OURS]["plain"]
+    numbers["goals"] = {
+        f"added_p50_ms_at_{one}": _goal(plain[one].get("added_p50_ms"), GOAL_ADDED_P50_MS, below=True),
+        f"added_p99_ms_at_{one}": _goal(plain[one].get("added_p99_ms"), GOAL_ADDED_P99_MS, below=True),
+        f"req_s_at_{many}": _goal(plain[many]["req_s"], GOAL_REQ_S, below=False),
+        "recording": {"value": numbers["recording"]["recorded_steps"], "limit": numbers["recording"]["served"],
+                      "ok": numbers["recording"]["ok"]},
+    }
+
+
+def _goal(value: float | None, limit: float, below: bool) -> dict[str, Any]:
+    ok = value is not None and (value <= limit if below else value >= limit)
+    return {"value": value, "limit": limit, "ok": ok}
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _tables(numbers: dict[str, Any]) -> list[Table]:
+    conc = [str(c) for c in numbers["concurrency"]]
+    setup = f"fake backend: {numbers['reply_tokens']}-token reply; {numbers['cpus']} CPUs shared with the load client"
+    main = Table(title=f"Gateway benchmark: {setup}. ms; +: added over direct; cpu/req: the server process's own")
+    for column in ("target", "mode", "clients", "p50", "p99", "+p50", "+p99", "req/s", "cpu/req", "errors"):
+        main.add_column(column, justify="left" if column in ("target", "mode") else "right")
+    for name, modes in numbers["targets"].items():
+        for mode, cells in modes.items():
+            for c in conc:
+                cell = cells[c]
+                times = [_fmt(cell.get(k)) for k in ("p50_ms", "p99_ms", "added_p50_ms", "added_p99_ms")]
+                main.add_row(name, mode, c, *times, _fmt(cell["req_s"], 0), _fmt(cell.get("cpu_ms")),
+                             str(cell["errors"]) if cell["errors"] else "", style="bold" if name == OURS else None)
+        main.add_section()
+    if numbers["litellm"] != "included":
+        main.caption = f"litellm skipped: {numbers['litellm']}"
+    tables = [main]
+    if numbers["ratios"]:
+        ratios = Table(title="Ours vs. the other proxies (req/s: ours ÷ theirs; added p50: theirs ÷ ours; "
+                             ">1 = ours better)")
+        ratios.add_column("vs")
+        ratios.add_column("mode")
+        for c in conc:
+            ratios.add_column(f"req/s @{c}", justify="right")
+            ratios.add_column(f"added p50 @{c}", justify="right")
+        for other, modes in numbers["ratios"].items():
+            for mode, cells in modes.items():
+                row = [other, mode]
+                for c in conc:
+                    row += [f"{_fmt(cells[c]['req_s'])}x", f"{_fmt(cells[c]['added_p50'])}x"]
+                ratios.add_row(*row)
+        tables.append(ratios)
+    goals = Table(title="Goals (plain requests, recording on)")
+    for column in ("goal", "measured", "limit", "met"):
+        goals.add_column(column)
+    for key, goal in numbers["goals"].items():
+        goals.add_row(key, _fmt(goal["value"]) if isinstance(goal["value"], float) else str(goal["value"]),
+                      _fmt(goal["limit"]) if isinstance(goal["limit"], float) else str(goal["limit"]),
+                      "[green]yes[/green]" if goal["ok"] else "[red]no[/red]")
+    tables.append(goals)
+    return tables
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Gateway benchmark (or, with --serve-*, its gateway process).")
+    parser.add_argument("--serve-port", type=int, help="internal: serve the gateway target on this port")
+    parser.add_argument("--serve-config", type=Path, help="internal: the Config JSON for --serve-port")
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--no-litellm", action="store_true")
+    args = parser.parse_args(argv)
+    if args.serve_port is not None:
+        serve_gateway(args.serve_config, args.serve_port)
+    else:
+        run(load_config(), requests=args.requests, seconds=args.seconds, include_litellm=not args.no_litellm)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The trainer: leases samples, trains LoRA (rl / opd / combine), publishes versions."""

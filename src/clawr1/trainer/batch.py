@@ -1,0 +1,100 @@
+"""From leased samples to the per-token tensors the objectives take."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from clawr1.core.config import TrainerConfig
+from clawr1.core.messages import text_of
+from clawr1.core.records import Step
+from clawr1.trainer.losses import combine_advantage, grpo_normalise, opd_advantage
+from clawr1.trainer.policy import Policy, Rows, pack
+
+HINT_PREFIX = "\n\n[Hint from what happened next] "
+
+
+@dataclass
+class TrainSample:
+    step: Step
+    reward: float | None  # the latest reward; None or 0 gives no RL signal
+    weight: float = 1.0  # below 1 for stale samples under `stale_policy = "downweight"`
+    hint: str | None = None
+
+
+def with_hint(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:
+    """The turn's context as the teacher sees it: the hint appended to the last user message."""
+    out = [dict(m) for m in messages]
+    for message in reversed(out):
+        if message.get("role") == "user":
+            message["content"] = text_of(message.get("content"), "content") + HINT_PREFIX + hint
+            return out
+    return out + [{"role": "user", "content": HINT_PREFIX.strip() + " " + hint}]
+
+
+@dataclass
+class Prepared:
+    rows: Rows
+    behaviour: torch.Tensor  # [B, K] the engine's sampled logprobs, right-aligned
+    advantage: torch.Tensor  # [B, K]
+    mask: torch.Tensor  # [B, K]: reply tokens of samples with a signal
+    stats: dict[str, float]
+
+
+def prepare(policy: Policy, samples: list[TrainSample], config: TrainerConfig) -> Prepared:
+    """Advantages per token for `config.method`; samples without a usable signal are masked."""
+    steps = [s.step for s in samples]
+    rows = pack([s.prompt_ids for s in steps], [s.token_ids for s in steps], [s.temperature for s in steps],
+                policy.pad_id)
+    k = rows.targets.shape[1]
+    behaviour = torch.zeros(len(steps), k)
+    for i, step in enumerate(steps):
+        if step.logprobs:
+            behaviour[i, k - len(step.logprobs):] = torch.tensor(step.logprobs)
+    raw = torch.tensor([s.reward or 0.0 for s in samples])
+    rl = grpo_normalise(raw, [s.prompt_id for s in steps])
+    has_rl = raw != 0
+    has_hint = torch.tensor([bool(s.hint) for s in samples])
+    opd = torch.zeros(len(steps), k)
+    if config.method != "rl" and has_hint.any():
+        opd = _opd(policy, samples, rows, behaviour, config)
+    if config.method == "rl":
+        advantage, usable = rl[:, None].expand(-1, k), has_rl
+    elif config.method == "opd":
+        advantage, usable = opd, has_hint
+    else:
+        advantage = combine_advantage(opd, (rl * has_rl)[:, None], config.w_opd, config.w_rl)
+        usable = has_rl | has_hint
+    weight = torch.tensor([s.weight for s in samples])
+    mask = rows.mask * usable[:, None].float()
+    stats = {"samples": float(len(samples)), "usable": float(usable.sum()), "hint_rate": float(has_hint.float().mean()),
+             "reward_mean": float(raw[has_rl].mean()) if has_rl.any() else 0.0,
+             "tokens": float(mask.sum())}
+    return Prepared(rows, behaviour, advantage * weight[:, None], mask, stats)
+
+
+@torch.no_grad()
+def _opd(policy: Policy, samples: list[TrainSample], rows: Rows, behaviour: torch.Tensor,
+         config: TrainerConfig) -> torch.Tensor:
+    """Teacher logprobs of the same reply tokens with the hint in the context, minus behaviour."""
+    index = [i for i, s in enumerate(samples) if s.hint]
+    prompts = [policy.render(with_hint(samples[i].step.messages, samples[i].hint or ""), samples[i].step.tools)
+               for i in index]
+    replies = [samples[i].step.token_ids for i in index]
+    teacher_rows = pack(prompts, replies, [samples[i].step.temperature for i in index], policy.pad_id)
+    if config.teacher == "base":
+        with policy.adapter_off():
+            teacher = policy.logprobs(teacher_rows)
+    else:
+        teacher = policy.logprobs(teacher_rows)
+    k = rows.targets.shape[1]
+    out = torch.zeros(len(samples), k)
+    # Both batches are right-aligned on the same reply tokens: copy the last columns across.
+    kt = teacher.shape[1]
+    for j, i in enumerate(index):
+        n = len(samples[i].step.token_ids)
+        if n:
+            out[i, k - n:] = opd_advantage(teacher[j, kt - n:], behaviour[i, k - n:], config.opd_clip)
+    return out

@@ -1,0 +1,92 @@
+"""The trainable policy: the served base model plus a LoRA adapter named `policy` (peft), and the
+one computation every objective needs: per-token logprobs of given reply tokens.
+
+Logits are computed only for reply positions (`logits_to_keep`): the prompt's positions would
+cost a [tokens x 49k vocab] matrix each for nothing. Rows are left-padded so every reply ends at
+the right edge, which is what `logits_to_keep` keeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from clawr1.core.config import TrainerConfig
+from clawr1.engine.chat import ChatFormat
+
+ADAPTER = "policy"  # the name the gateway serves
+
+
+@dataclass
+class Rows:
+    """A left-padded batch; `targets`/`mask` are right-aligned [B, K] over the reply tokens."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    targets: torch.Tensor
+    mask: torch.Tensor
+    temperature: torch.Tensor
+    keep: int  # logits kept = K + 1 (the last one predicts past the end and is dropped)
+
+
+def pack(prompts: list[list[int]], replies: list[list[int]], temperatures: list[float], pad_id: int) -> Rows:
+    lengths = [len(p) + len(r) for p, r in zip(prompts, replies, strict=True)]
+    width, k = max(lengths), max(len(r) for r in replies)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(prompts), width), dtype=torch.long)
+    targets = torch.full((len(prompts), k), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), k))
+    for i, (p, r) in enumerate(zip(prompts, replies, strict=True)):
+        ids[i, width - lengths[i]:] = torch.tensor(p + r)
+        attention[i, width - lengths[i]:] = 1
+        if r:
+            targets[i, k - len(r):] = torch.tensor(r)
+            mask[i, k - len(r):] = 1
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    return Rows(ids, attention, positions, targets, mask, torch.tensor(temperatures, dtype=torch.float32), k + 1)
+
+
+class Policy:
+    """Base model + trainable LoRA `policy`; `adapter_off()` gives the base model (KL reference,
+    base teacher) without a second copy of the weights."""
+
+    def __init__(self, model_path: Path, config: TrainerConfig):
+        from peft import LoraConfig, get_peft_model
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.chat = ChatFormat(self.tokenizer)
+        base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        torch.manual_seed(config.seed)  # LoRA A init
+        lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=config.lora_targets,
+                          lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+        self.model = get_peft_model(base, lora, adapter_name=ADAPTER)
+        self.model.train()
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def named_lora(self) -> dict[str, torch.Tensor]:
+        return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+
+    @contextlib.contextmanager
+    def adapter_off(self) -> Iterator[None]:
+        with self.model.disable_adapter():
+            yield
+
+    def logprobs(self, rows: Rows) -> torch.Tensor:
+        """[B, K] logprobs of `rows.targets` under the temperature each reply was sampled at."""
+        out = self.model(input_ids=rows.input_ids, attention_mask=rows.attention_mask,
+                         position_ids=rows.position_ids, logits_to_keep=rows.keep, use_cache=False)
+        logits = out.logits[:, :-1].float() / rows.temperature[:, None, None]
+        return torch.log_softmax(logits, dim=-1).gather(-1, rows.targets.unsqueeze(-1)).squeeze(-1)
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        return self.chat.render(messages, tools)

@@ -1,0 +1,152 @@
+"""The trainer on the tiny model and a real pool: exact logprobs, resume equivalence, exactly-once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from clawr1.core.config import load_config
+from clawr1.core.records import Hint, Reward, Step
+from clawr1.core.types import SamplingParams
+from clawr1.datapool import SQLitePool
+from clawr1.engine import adapters
+from clawr1.trainer import checkpoint
+from clawr1.trainer.loop import Trainer
+from clawr1.trainer.policy import ADAPTER
+from tests.conftest import run
+
+QUESTIONS = [f"Question number {i}: tell me something." for i in range(12)]
+
+
+@pytest.fixture(scope="module")
+def generations(engine):
+    """Real sampled replies of the tiny engine (ids + behaviour logprobs)."""
+    async def go():
+        out = []
+        for i, q in enumerate(QUESTIONS):
+            messages = [{"role": "user", "content": q}]
+            gen = await engine.generate(engine.render(messages), SamplingParams(max_tokens=12, temperature=1.0,
+                                                                                seed=i)).final()
+            out.append((messages, gen))
+        return out
+    return run(go())
+
+
+def fill(pool: SQLitePool, generations, hints: bool = True) -> list[str]:
+    ids = []
+    for i, (messages, gen) in enumerate(generations):
+        step = Step(step_id=f"st-{i}", tenant="default", session_id=f"s{i}", prompt_id=f"s{i}", turn_index=0,
+                    turn_type="main", messages=messages, tools=None, prompt_ids=gen.prompt_ids,
+                    token_ids=gen.token_ids, logprobs=gen.logprobs, text=gen.text, policy_version=0, adapter=None,
+                    finish_reason=gen.finish_reason, temperature=gen.temperature)
+        pool.append_step(step)
+        pool.add_reward(Reward(step_id=step.step_id, score=1.0 if i % 2 == 0 else -1.0, source="test"))
+        if hints and i % 3 == 0:
+            pool.add_hint(Hint(step_id=step.step_id, text="Answer in one short sentence.", source="judge"))
+        ids.append(step.step_id)
+    return ids
+
+
+def config_for(tiny_model_dir, data_dir, *extra):
+    return load_config(None, [f'data_dir="{data_dir}"', f'engine.model="{tiny_model_dir}"', "trainer.batch_size=3",
+                              "trainer.micro_batch=2", "trainer.max_wait_s=0", "trainer.lr=0.01", *extra])
+
+
+def test_policy_logprobs_match_the_engine_before_training(tiny_model_dir, tmp_path, generations):
+    config = config_for(tiny_model_dir, tmp_path)
+    with SQLitePool(tmp_path, config.pool) as pool:
+        trainer = Trainer(config, pool)
+        for messages, gen in generations[:4]:
+            mine = trainer.sequence_logprob(gen.prompt_ids, gen.token_ids, gen.temperature)
+            assert mine == pytest.approx(sum(gen.logprobs), abs=1e-3)  # ratio 1 at v0: same tokens, same maths
+
+
+def test_steps_publish_versions_and_change_the_lora(tiny_model_dir, tmp_path, generations):
+    config = config_for(tiny_model_dir, tmp_path, 'trainer.method="combine"')
+    with SQLitePool(tmp_path, config.pool) as pool:
+        fill(pool, generations)
+        trainer = Trainer(config, pool)
+        before = {n: p.detach().clone() for n, p in trainer.policy.named_lora().items()}
+        first, second = trainer.run_once(), trainer.run_once()
+        assert (first["version"], second["version"]) == (1, 2)
+        assert adapters.latest(tmp_path / "adapters", ADAPTER)[0] == 2
+        changed = [n for n, p in trainer.policy.named_lora().items() if not torch.equal(p, before[n])]
+        assert len(changed) == len(before)  # after two steps every LoRA matrix moved (B first, then A)
+        assert pool.stats()["consumed"] == 6 and first["hint_rate"] > 0
+        lines = (tmp_path / "trainer" / "metrics.jsonl").read_text().splitlines()
+        assert len(lines) == 2
+
+
+def _losses(trainer, n):
+    return [trainer.run_once()["loss"] for _ in range(n)]
+
+
+def test_resume_is_exact(tiny_model_dir, tmp_path, generations):
+    straight_dir, resumed_dir = tmp_path / "a", tmp_path / "b"
+    config = config_for(tiny_model_dir, straight_dir)
+    with SQLitePool(straight_dir, config.pool) as pool:
+        fill(pool, generations)
+        straight = _losses(Trainer(config, pool), 4)
+    config = config_for(tiny_model_dir, resumed_dir)
+    with SQLitePool(resumed_dir, config.pool) as pool:
+        fill(pool, generations)
+        first = _losses(Trainer(config, pool), 2)
+        resumed = Trainer(config, pool)  # a new process would do exactly this
+        assert (resumed.step_count, resumed.version) == (2, 2)
+        second = _losses(resumed, 2)
+    assert first + second == pytest.approx(straight, abs=1e-4)
+    assert straight[0] != pytest.approx(straight[3], abs=1e-6)  # the steps really differ
+
+
+def test_crash_after_checkpoint_before_ack_trains_nothing_twice(tiny_model_dir, tmp_path, generations, monkeypatch):
+    config = config_for(tiny_model_dir, tmp_path)
+    with SQLitePool(tmp_path, config.pool) as pool:
+        fill(pool, generations[:6])
+        trainer = Trainer(config, pool)
+        trained = []
+        real_load = Trainer.load
+
+        def spy(self, lease):
+            trained.extend(lease.step_ids)
+            return real_load(self, lease)
+
+        monkeypatch.setattr(Trainer, "load", spy)
+
+        def crash(lease):
+            raise SystemExit("killed between checkpoint and ack")
+
+        monkeypatch.setattr(pool, "ack", crash)
+        with pytest.raises(SystemExit):
+            trainer.run_once()
+        monkeypatch.undo()
+        monkeypatch.setattr(Trainer, "load", spy)
+        resumed = Trainer(config, pool)  # acks the checkpointed lease
+        assert pool.stats()["consumed"] == 3
+        while resumed.run_once() is not None:
+            pass
+        assert sorted(trained) == sorted(f"st-{i}" for i in range(6))  # each exactly once
+        assert pool.stats()["consumed"] == 6
+
+
+def test_crash_before_checkpoint_returns_the_samples(tiny_model_dir, tmp_path, generations, monkeypatch):
+    config = config_for(tiny_model_dir, tmp_path, "pool.lease_seconds=0.2")
+    with SQLitePool(tmp_path, config.pool) as pool:
+        fill(pool, generations[:3])
+        trainer = Trainer(config, pool)
+
+        def crash(*args, **kwargs):
+            raise SystemExit("killed before the checkpoint")
+
+        monkeypatch.setattr(checkpoint, "save", crash)
+        with pytest.raises(SystemExit):
+            trainer.run_once()
+        monkeypatch.undo()
+        assert pool.stats()["leased"] == 3
+        import time
+
+        time.sleep(0.3)
+        resumed = Trainer(config, pool)  # no checkpoint: starts from scratch, keeps the published number
+        assert resumed.version == 1 and resumed.step_count == 0
+        metrics = resumed.run_once()  # the expired lease's samples came back
+        assert metrics["lease"] == 3 and metrics["version"] == 2
+        assert pool.stats()["consumed"] == 3
