@@ -177,7 +177,10 @@ def cmd_pool(args: argparse.Namespace, config: Config) -> int:
     pool = SQLitePool(config.data_dir, config.pool)
     try:
         if args.action == "stats":
-            stats = pool.stats()
+            from clawr1.engine import adapters
+
+            newest = adapters.latest(Path(config.data_dir) / "adapters", "policy")
+            stats = {**pool.stats(), "versions": newest[0] if newest else 0}  # newest published policy version
             if args.json:
                 print(json.dumps(stats))
             else:

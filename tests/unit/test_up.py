@@ -1,0 +1,82 @@
+"""`clawr1 up` end to end on the tiny model: a scripted client talks and corrects, the trainer
+publishes, the gateway swaps, and no request fails meanwhile."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+
+from tests.gateway_helpers import free_port, wait_for
+
+
+def ask(base: str, content: str, session: str | None = None, **extra) -> dict:
+    headers = {"X-Session-Id": session} if session else {}
+    body = {"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": 6, **extra}
+    response = httpx.post(f"{base}/v1/chat/completions", json=body, headers=headers, timeout=60)
+    response.raise_for_status()
+    return response.json()
+
+
+def test_up_learns_from_corrections_and_swaps_without_a_failed_request(tiny_model_dir, tmp_path):
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "clawr1.cli.main", "up", "--model", str(tiny_model_dir), "--data-dir", str(tmp_path),
+           "--port", str(port), "--batch-size", "2", "--prm-m", "1", "--set", "trainer.max_wait_s=0",
+           "--set", "gateway.adapter_poll_s=0.2", "--set", 'reward.judge="llm"', "--set", "trainer.lr=0.01"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "CLAWR1_DATA_DIR": ""})
+    try:
+        wait_for(lambda: _healthy(base), timeout=120, what="clawr1 up to serve")
+        probe = {"temperature": 0, "logprobs": True}
+        before = ask(base, "Fixed probe prompt.", **probe)
+        assert before["system_fingerprint"] == "clawr1-v0"
+
+        served: list[tuple[int, str]] = []
+        stop = threading.Event()
+
+        def load() -> None:  # steady traffic across the swap
+            while not stop.is_set():
+                response = httpx.post(f"{base}/v1/chat/completions", timeout=60, json={
+                    "model": "m", "messages": [{"role": "user", "content": "background"}], "max_tokens": 3})
+                served.append((response.status_code, response.json().get("system_fingerprint", "")))
+
+        loader = threading.Thread(target=load, daemon=True)
+        loader.start()
+        for i in range(2):  # a conversation with a correction as its next turn, and explicit feedback
+            ask(base, "Write me a haiku.", session=f"c{i}")
+            ask(base, "No, that is wrong. Please answer in one short sentence.", session=f"c{i}")
+            httpx.post(f"{base}/v1/feedback", json={"session_id": f"c{i}", "turn_index": 0, "reward": -1,
+                                                    "correction": "Answer in one short sentence."}).raise_for_status()
+        wait_for(lambda: any(fp not in ("", "clawr1-v0") for _, fp in served), timeout=120, what="a new version served")
+        time.sleep(0.5)
+        stop.set()
+        loader.join(timeout=60)
+        after = ask(base, "Fixed probe prompt.", **probe)
+        assert after["system_fingerprint"] != "clawr1-v0"
+        lp = lambda reply: [c["logprob"] for c in reply["choices"][0]["logprobs"]["content"]]  # noqa: E731
+        assert lp(after) != lp(before)
+        assert {status for status, _ in served} == {200}  # not one failed request across the swap
+        assert {fp for _, fp in served} >= {"clawr1-v0"} and len({fp for _, fp in served}) >= 2
+        stats = subprocess.run([sys.executable, "-m", "clawr1.cli.main", "pool", "stats", "--json", "--data-dir",
+                                str(tmp_path)], capture_output=True, text=True, check=True).stdout
+        assert '"versions": ' in stats and '"versions": 0' not in stats
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0, proc.stderr.read()[-2000:]
+
+
+def _healthy(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
