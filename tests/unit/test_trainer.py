@@ -75,6 +75,7 @@ def test_steps_publish_versions_and_change_the_lora(tiny_model_dir, tmp_path, ge
         assert pool.stats()["consumed"] == 6 and first["hint_rate"] > 0
         lines = (tmp_path / "trainer" / "metrics.jsonl").read_text().splitlines()
         assert len(lines) == 2
+        assert list((tmp_path / "trainer" / "tensorboard").glob("events.out.tfevents.*"))
 
 
 def _losses(trainer, n):

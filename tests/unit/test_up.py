@@ -58,8 +58,7 @@ def test_up_learns_from_corrections_and_swaps_without_a_failed_request(tiny_mode
         loader.join(timeout=60)
         after = ask(base, "Fixed probe prompt.", **probe)
         assert after["system_fingerprint"] != "clawr1-v0"
-        lp = lambda reply: [c["logprob"] for c in reply["choices"][0]["logprobs"]["content"]]  # noqa: E731
-        assert lp(after) != lp(before)
+        assert _logprobs(after) != _logprobs(before)
         assert {status for status, _ in served} == {200}  # not one failed request across the swap
         assert {fp for _, fp in served} >= {"clawr1-v0"} and len({fp for _, fp in served}) >= 2
         stats = subprocess.run([sys.executable, "-m", "clawr1.cli.main", "pool", "stats", "--json", "--data-dir",
@@ -73,6 +72,10 @@ def test_up_learns_from_corrections_and_swaps_without_a_failed_request(tiny_mode
             if proc.poll() is None:
                 proc.kill()
     assert proc.returncode == 0, proc.stderr.read()[-2000:]
+
+
+def _logprobs(reply: dict) -> list[float]:
+    return [c["logprob"] for c in reply["choices"][0]["logprobs"]["content"]]
 
 
 def _healthy(base: str) -> bool:

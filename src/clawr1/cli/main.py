@@ -136,9 +136,14 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
     import subprocess
     import tempfile
 
-    from clawr1.gateway.server import UnsafeBindError, serve
+    from clawr1.gateway.server import UnsafeBindError, check_exposure, serve
     from clawr1.reward.worker import RewardWorker
 
+    try:
+        check_exposure(config)  # before anything starts
+    except UnsafeBindError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        return 2
     # The trainer is its own process (it never competes with serving for the GIL); it gets the
     # same resolved config. Secrets are redacted in TOML, and the trainer needs none of them.
     run_dir = Path(config.data_dir) / "run"
@@ -146,28 +151,30 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
     with tempfile.NamedTemporaryFile("w", suffix=".toml", dir=run_dir, delete=False) as f:
         f.write(to_toml(config))
     log_path = run_dir / "trainer.log"
-    trainer = subprocess.Popen([sys.executable, "-m", "clawr1.cli.main", "train", "--config", f.name],
-                               stdout=open(log_path, "ab"), stderr=subprocess.STDOUT)
 
     def ready(port: int, note: str) -> None:
         err_console.print(f"[green]Claw-R1[/green] serving on http://{config.gateway.host}:{port}/v1 "
                           f"(model {config.engine.model}); judge + trainer ({config.trainer.method}) running; "
                           f"trainer log {log_path}; {note}")
 
-    try:
-        asyncio.run(serve(config, on_ready=ready, workers=lambda gw: [RewardWorker(gw.pool, gw.engine, config).run()]))
-    except UnsafeBindError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
-        return 2
-    except KeyboardInterrupt:
-        pass
-    finally:
-        trainer.terminate()
+    with open(log_path, "ab") as trainer_log:
+        trainer = subprocess.Popen([sys.executable, "-m", "clawr1.cli.main", "train", "--config", f.name],
+                                   stdout=trainer_log, stderr=subprocess.STDOUT)
         try:
-            trainer.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            trainer.kill()  # crash-safe by design: the lease expires and comes back
-        Path(f.name).unlink(missing_ok=True)
+            asyncio.run(serve(config, on_ready=ready,
+                              workers=lambda gw: [RewardWorker(gw.pool, gw.engine, config).run()]))
+        except UnsafeBindError as exc:
+            err_console.print(f"[red]error:[/red] {exc}")
+            return 2
+        except KeyboardInterrupt:
+            pass
+        finally:
+            trainer.terminate()
+            try:
+                trainer.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                trainer.kill()  # crash-safe by design: the lease expires and comes back
+            Path(f.name).unlink(missing_ok=True)
     return 0
 
 
@@ -223,10 +230,14 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
 
         with tempfile.TemporaryDirectory(prefix="clawr1-bench-pool-") as tmp:  # never the user's pool
             numbers = bench_pool(Path(tmp), steps=args.steps, config=config.pool)
-    else:
+    elif args.what == "gateway":
         from clawr1.bench.gateway import run as run_gateway
 
         numbers = run_gateway(config, console, requests=args.requests, include_litellm=not args.no_litellm)
+    else:  # judge, trainer, swap, latency: each module's run(config, console)
+        import importlib
+
+        numbers = importlib.import_module(f"clawr1.bench.{args.what}").run(config, console)
     if args.json:
         print(json.dumps(numbers))
     return 0
@@ -292,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmarks that print side-by-side ratios")
     _common(p)
-    p.add_argument("what", choices=["engine", "pool", "gateway"])
+    p.add_argument("what", choices=["engine", "pool", "gateway", "judge", "trainer", "swap", "latency"])
     p.add_argument("--max-tokens", type=int, default=64, help="engine: tokens per request")
     p.add_argument("--steps", type=int, default=20_000, help="pool: steps to write")
     p.add_argument("--requests", type=int, default=2000, help="gateway: requests per measurement at 64 clients")
