@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -158,11 +159,25 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
                           f"trainer log {log_path}; {note}")
 
     with open(log_path, "ab") as trainer_log:
-        trainer = subprocess.Popen([sys.executable, "-m", "clawr1.cli.main", "train", "--config", f.name],
-                                   stdout=trainer_log, stderr=subprocess.STDOUT)
+        command = [sys.executable, "-m", "clawr1.cli.main", "train", "--config", f.name]
+        trainer = subprocess.Popen(command, stdout=trainer_log, stderr=subprocess.STDOUT)
+
+        async def supervise() -> None:
+            """Serving never stops for the trainer: a trainer that dies is restarted (it resumes
+            from its checkpoint; its lease comes back), and said so in the log."""
+            nonlocal trainer
+            while True:
+                await asyncio.sleep(2.0)
+                if trainer.poll() is not None:
+                    logging.getLogger("clawr1.up").error("trainer exited with code %s (see %s); restarting it",
+                                                         trainer.returncode, log_path)
+                    await asyncio.sleep(3.0)
+                    trainer = await asyncio.to_thread(subprocess.Popen, command, stdout=trainer_log,
+                                                      stderr=subprocess.STDOUT)
+
         try:
             asyncio.run(serve(config, on_ready=ready,
-                              workers=lambda gw: [RewardWorker(gw.pool, gw.engine, config).run()]))
+                              workers=lambda gw: [RewardWorker(gw.pool, gw.engine, config).run(), supervise()]))
         except UnsafeBindError as exc:
             err_console.print(f"[red]error:[/red] {exc}")
             return 2
@@ -315,6 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("up", "serve", "train"):  # long-running: their events (swaps, judge errors) are logged
+        from rich.logging import RichHandler
+
+        logging.basicConfig(level=logging.INFO, format="%(message)s",
+                            handlers=[RichHandler(console=err_console, show_path=False)])
+        for noisy in ("httpx", "uvicorn.access"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         config = resolve(args)
     except (ValueError, OSError) as exc:  # pydantic's ValidationError is a ValueError

@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+# Imported with the engine, not on the first swap (where it cost the scheduler thread 0.6-4 s).
+from peft import PeftModel
 from safetensors.torch import load_file
 
 from clawr1.core.types import AdapterError
@@ -55,7 +58,6 @@ class AdapterSlots:
             self._copy_into(reusable, path)
             self._free.remove(reusable)
             return reusable
-        from peft import PeftModel
 
         slot = f"slot{self._count}"
         self._count += 1
