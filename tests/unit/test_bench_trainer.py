@@ -1,0 +1,34 @@
+"""The trainer benchmark's own side on the tiny model (one subprocess, seconds), and its goal check."""
+
+import io
+
+from rich.console import Console
+
+from clawr1.bench import trainer as bench
+from clawr1.core.config import load_config
+
+
+def test_ours_alone_produces_numbers_without_trl(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv(bench.TRL_ENV, raising=False)
+    config = load_config(None, [f'data_dir="{tmp_path}"', f'engine.model="{tiny_model_dir}"'])
+    out = io.StringIO()
+    numbers = bench.run(config, Console(file=out, width=200), micro_batches=(2,), samples=2, reply_tokens=8,
+                        threads=1, steps=1, warmup=1)
+    assert list(numbers["runs"]) == ["ours_mb2"] and "goal_met" not in numbers
+    r = numbers["runs"]["ours_mb2"]
+    assert "error" not in r, r.get("error")
+    assert r["tokens_per_s"] > 0 and r["step_s"] > 0 and r["peak_rss_gb"] > 0
+    assert r["trained_tokens"] == 16 and r["micro_batch"] == 2 and r["threads"] == 1 and r["lora_updated"]
+    text = out.getvalue()
+    assert bench.TRL_ENV in text and "ours_mb2" in text
+
+
+def test_goal_needs_speed_and_memory_from_the_same_setting():
+    runs = {"trl": {"tokens_per_s": 100.0, "peak_rss_gb": 8.0},
+            "ours_mb8": {"tokens_per_s": 160.0, "peak_rss_gb": 6.0},  # fast enough, too big
+            "ours_mb2": {"tokens_per_s": 140.0, "peak_rss_gb": 3.0}}  # small enough, too slow
+    assert bench.compare(runs) == {"goal_met_by": [], "goal_met": False}
+    runs["ours_mb4"] = {"tokens_per_s": 150.0, "peak_rss_gb": 4.0}
+    assert bench.compare(runs) == {"goal_met_by": ["ours_mb4"], "goal_met": True}
+    assert runs["ours_mb8"]["speedup_vs_trl"] == 1.6 and runs["ours_mb2"]["memory_vs_trl"] == 0.375
+    assert bench.compare({"ours_mb2": {"tokens_per_s": 1.0, "peak_rss_gb": 1.0}}) == {}
