@@ -82,6 +82,7 @@ def test_majority_is_described():
     ("[HINT_START]Use pandas.\nGroup by region.[HINT_END] trailing", ("Use pandas. Group by region.", None)),
     ("[hint start] lower case markers [/HINT_END]", ("lower case markers", None)),
     ("[HINT_START] Use pandas. Also group by", ("Use pandas.", None)),  # cut by max_tokens: last full sentence
+    ("[HINT_START] Use pandas.\n[HINT_START] Use pandas again. [HINT_END]", ("Use pandas.", None)),  # a loop
     ("[HINT_START] NONE [HINT_END]", (None, "no_correction")),
     ("[HINT_START] none. [HINT_END]", (None, "no_correction")),
     ("No correction here.", (None, "no_correction")),

@@ -43,15 +43,30 @@ class Outcome:
     seconds: float
 
 
-def run(config: Config, console: Console | None = None, judges: Sequence[str | Judge] | None = None) -> dict[str, Any]:
+def run(config: Config, console: Console | None = None, judges: Sequence[str | Judge] | None = None,
+        per_category: int | None = None) -> dict[str, Any]:
     """Benchmark `judges` (names from `KNOWN`, or Judge objects; default: all available) and return
-    the numbers, per judge, as printed."""
+    the numbers, per judge, as printed. `per_category` keeps the first N turns of each category (a
+    quick run: the embedded LLM costs seconds of CPU prefill per vote)."""
     console = console or Console()
-    return asyncio.run(_bench(config, console, list(judges) if judges is not None else list(KNOWN)))
+    wanted = list(judges) if judges is not None else list(KNOWN)
+    return asyncio.run(_bench(config, console, wanted, per_category))
 
 
-async def _bench(config: Config, console: Console, wanted: list[str | Judge]) -> dict[str, Any]:
-    items = load_items("next_states")
+def _subset(items: list[Item], per_category: int | None) -> list[Item]:
+    if per_category is None:
+        return items
+    seen: Counter[str] = Counter()
+    kept = []
+    for item in items:
+        seen[item.category] += 1
+        if seen[item.category] <= per_category:
+            kept.append(item)
+    return kept
+
+
+async def _bench(config: Config, console: Console, wanted: list[str | Judge], per_category: int | None) -> dict[str, Any]:
+    items = _subset(load_items("next_states"), per_category)
     m = votes_for(config)
     report: dict[str, Any] = {"items": len(items), "m": m, "judges": {}, "skipped": {}}
     console.print(f"[bold]Judge benchmark[/bold]: {len(items)} turns, m={m} votes, "

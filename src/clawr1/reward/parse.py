@@ -19,6 +19,7 @@ _BOXED = re.compile(r"\\boxed\{\s*([+-]?)\s*([01])\s*\}")
 _BARE = re.compile(r"^\s*([+-]?)\s*([01])" + _ECHO)  # a bare answer, e.g. "+1"
 _OPTIONS = re.compile(r"[+-]?[01]\s*(?:or|/)\s*(?:score\W*)?[+-]?[01]", re.IGNORECASE)
 _HINT = re.compile(r"\[\s*HINT[_ ]?START\s*\](.*?)(?:\[\s*/?\s*HINT[_ ]?END\s*\]|$)", re.IGNORECASE | re.DOTALL)
+_START = re.compile(r"\[\s*HINT[_ ]?START\s*\]", re.IGNORECASE)
 _NONE = re.compile(r"^\W*(?:none|no|n/a|nothing|no correction)\b\W*$", re.IGNORECASE)
 _SAYS_NO = re.compile(r"^\W*(?:no\b|none\b|no correction|there is no (?:concrete )?correction)", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
@@ -94,7 +95,11 @@ def parse_hint(text: str) -> tuple[str | None, HintReason | None]:
     found = _HINT.search(text)
     if found is None:
         return (None, "no_correction") if _SAYS_NO.match(text) else (None, "unparsable")
-    hint = _trim(found.group(1))
+    body = found.group(1)
+    again = _START.search(body)
+    if again:  # the model started a second hint (it loops): the first one is the answer
+        body = body[: again.start()]
+    hint = _trim(body)
     if not hint:
         return None, "unparsable"
     if _NONE.match(hint):
