@@ -14,6 +14,7 @@ there can a hint be right, and asking everywhere would double the embedded LLM's
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -30,10 +31,12 @@ from clawr1.reward.dataset import Item, load_items
 from clawr1.reward.embed import PIP_NAME
 from clawr1.reward.factory import classifier_available, llm_judge, votes_for
 from clawr1.reward.judge import NoJudge, RuleFirstJudge
+from clawr1.reward.turn import message_text, task_of
 from clawr1.reward.types import Judge, Judgement
 
 LABELS = (-1, 0, 1)
 KNOWN = ("rules", "classifier", "embedded", "url")
+_WORD = re.compile(r"[a-z0-9_]{4,}")
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,14 @@ async def _evaluate(judge: Judge, items: list[Item], m: int, concurrency: int,
         return list(outcomes), time.perf_counter() - start
 
 
+def grounded(item: Item, hint: str) -> bool:
+    """A crude check that a hint says what the next state said, not just anything long enough: it
+    repeats at least a third of the words that only the next state has (not the request or reply)."""
+    said = {w for m in item.next_state for w in _WORD.findall(message_text(m).lower())}
+    distinctive = said - set(_WORD.findall((task_of(item.context) + " " + item.reply).lower()))
+    return bool(distinctive) and len(distinctive & set(_WORD.findall(hint.lower()))) * 3 >= len(distinctive)
+
+
 def _metrics(outcomes: list[Outcome], wall: float) -> dict[str, Any]:
     n = len(outcomes)
     confusion = [[0] * 3 for _ in LABELS]
@@ -166,6 +177,7 @@ def _metrics(outcomes: list[Outcome], wall: float) -> dict[str, Any]:
                                  / sum(o.item.category == c for o in outcomes), 3) for c in categories},
         "hints_on_corrections": sum(o.judgement.hint is not None for o in corrections),
         "corrections": len(corrections),
+        "hints_grounded": sum(o.judgement.hint is not None and grounded(o.item, o.judgement.hint) for o in corrections),
         "hint_acceptance": round(sum(o.judgement.hint is not None for o in corrections) / max(len(corrections), 1), 3),
         "false_hints_on_vague": sum(o.judgement.hint is not None for o in vague),
         "vague_failures": len(vague),
@@ -187,7 +199,7 @@ def _print(console: Console, name: str, r: dict[str, Any], outcomes: list[Outcom
     console.print("  per category: " + ", ".join(f"{c} {a:.0%}" for c, a in r["by_category"].items()))
     console.print(f"  committed (scored +-1): {r['committed']:.0%}, accuracy when committed {r['committed_accuracy']:.1%}")
     console.print(f"  hints: {r['hints_on_corrections']}/{r['corrections']} correction turns got one "
-                  f"({r['hint_acceptance']:.0%}); {r['false_hints_on_vague']}/{r['vague_failures']} vague failures got "
+                  f"({r['hint_acceptance']:.0%}), {r['hints_grounded']} grounded in it; {r['false_hints_on_vague']}/{r['vague_failures']} vague failures got "
                   f"one anyway; reasons on -1 turns: {r['hint_reasons']}")
     console.print(f"  time: {1000 * r['seconds_per_turn']:.1f} ms/turn (wall {r['wall_s']:.1f} s), "
                   f"mean latency {1000 * r['latency_mean_s']:.1f} ms")
@@ -197,9 +209,11 @@ def _print(console: Console, name: str, r: dict[str, Any], outcomes: list[Outcom
 
 def _summary(judges: dict[str, dict[str, Any]]) -> Table:
     table = Table(title="Judges side by side")
-    for column in ("judge", "accuracy", "committed", "acc. when committed", "hints on corrections", "ms/turn"):
+    for column in ("judge", "accuracy", "committed", "acc. when committed", "hints (grounded) on corrections",
+                   "ms/turn"):
         table.add_column(column, justify="left" if column == "judge" else "right")
     for name, r in judges.items():
         table.add_row(name, f"{r['accuracy']:.1%}", f"{r['committed']:.0%}", f"{r['committed_accuracy']:.1%}",
-                      f"{r['hints_on_corrections']}/{r['corrections']}", f"{1000 * r['seconds_per_turn']:.1f}")
+                      f"{r['hints_on_corrections']} ({r['hints_grounded']})/{r['corrections']}",
+                      f"{1000 * r['seconds_per_turn']:.1f}")
     return table

@@ -1,0 +1,41 @@
+"""`clawr1 bench judge` on the shipped set with judges that need no model."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from clawr1.bench.judge import run
+from clawr1.core.config import load_config
+from clawr1.reward.judge import LLMJudge, RuleFirstJudge
+
+
+async def oracle(messages, temperature, max_tokens):
+    """A scripted judge model: -1 for one task, +1 for every other, and always a hint."""
+    prompt = messages[1]["content"]
+    if messages[-1]["content"] == "Score:":
+        return "Score: -1" if "Load sales.csv" in prompt else "Score: +1"
+    return "[HINT_START] Use pandas and group the rows by region. [HINT_END]"
+
+
+def test_rules_only_and_a_scripted_judge_report_every_number():
+    console = Console(file=io.StringIO(), width=120)
+    judge = RuleFirstJudge(LLMJudge(oracle, name="oracle"))
+    report = run(load_config(), console, judges=["rules", judge, "url"])
+    assert report["items"] >= 60 and report["m"] == 3
+    assert report["skipped"] == {"url": "reward.judge_url is not set"}
+    rules, scripted = report["judges"]["rules only"], report["judges"]["rules+oracle"]
+    assert sum(map(sum, rules["confusion"])) == report["items"]
+    assert rules["committed_accuracy"] == 1.0 and rules["by_rule"] >= 15  # rules are precise where they apply
+    assert scripted["by_rule"] == rules["by_rule"] and 0 < scripted["accuracy"] < 1
+    assert scripted["hints_on_corrections"] == scripted["corrections"]  # the oracle always offers a hint
+    for key in ("hint_acceptance", "false_hints_on_vague", "hint_reasons", "seconds_per_turn", "by_category"):
+        assert key in scripted
+    printed = console.file.getvalue()
+    assert "rules only: accuracy" in printed and "gold \\ judged" in printed and "Judges side by side" in printed
+
+
+def test_per_category_keeps_a_few_of_each():
+    report = run(load_config(), Console(file=io.StringIO()), judges=["rules"], per_category=2)
+    assert report["items"] == 14
