@@ -17,18 +17,30 @@ def test_ours_alone_produces_numbers_without_trl(tiny_model_dir, tmp_path, monke
     assert list(numbers["runs"]) == ["ours_mb2"] and "goal_met" not in numbers
     r = numbers["runs"]["ours_mb2"]
     assert "error" not in r, r.get("error")
-    assert r["tokens_per_s"] > 0 and r["step_s"] > 0 and r["peak_rss_gb"] > 0
+    assert r["tokens_per_s"] > 0 and r["tokens_per_cpu_s"] > 0 and r["step_s"] > 0 and r["peak_rss_gb"] > 0
     assert r["trained_tokens"] == 16 and r["micro_batch"] == 2 and r["threads"] == 1 and r["lora_updated"]
     text = out.getvalue()
     assert bench.TRL_ENV in text and "ours_mb2" in text
 
 
 def test_goal_needs_speed_and_memory_from_the_same_setting():
-    runs = {"trl": {"tokens_per_s": 100.0, "peak_rss_gb": 8.0},
-            "ours_mb8": {"tokens_per_s": 160.0, "peak_rss_gb": 6.0},  # fast enough, too big
-            "ours_mb2": {"tokens_per_s": 140.0, "peak_rss_gb": 3.0}}  # small enough, too slow
-    assert bench.compare(runs) == {"goal_met_by": [], "goal_met": False, "goal_met_by_cpu_time": []}
-    runs["ours_mb4"] = {"tokens_per_s": 150.0, "peak_rss_gb": 4.0}
-    assert bench.compare(runs) == {"goal_met_by": ["ours_mb4"], "goal_met": True, "goal_met_by_cpu_time": []}
+    def r(tokens_per_s, peak, tokens_per_cpu_s=None):
+        return {"tokens_per_s": tokens_per_s, "tokens_per_cpu_s": tokens_per_cpu_s or tokens_per_s, "peak_rss_gb": peak}
+
+    runs = {"trl": r(100.0, 8.0),
+            "ours_mb8": r(160.0, 6.0),  # fast enough, too big
+            "ours_mb2": r(140.0, 3.0, 200.0)}  # small enough, too slow by the clock, fast enough by CPU time
+    assert bench.compare(runs) == {"goal_met_by": [], "goal_met": False, "goal_met_by_cpu_time": ["ours_mb2"]}
+    runs["ours_mb4"] = r(150.0, 4.0)
+    assert bench.compare(runs)["goal_met_by"] == ["ours_mb4"]
     assert runs["ours_mb8"]["speedup_vs_trl"] == 1.6 and runs["ours_mb2"]["memory_vs_trl"] == 0.375
-    assert bench.compare({"ours_mb2": {"tokens_per_s": 1.0, "peak_rss_gb": 1.0}}) == {}
+    assert runs["ours_mb2"]["cpu_speedup_vs_trl"] == 2.0
+    assert bench.compare({"ours_mb2": r(1.0, 1.0)}) == {}
+
+
+def test_best_of_rounds_keeps_the_fastest_run_and_every_median():
+    best = bench.best_of(None, {"step_s": 3.0, "peak_rss_gb": 2.0})
+    best = bench.best_of(best, {"error": "exit 1"})
+    best = bench.best_of(best, {"step_s": 2.0, "peak_rss_gb": 2.1})
+    assert best == {"step_s": 2.0, "peak_rss_gb": 2.1, "round_step_s": [3.0, 2.0]}
+    assert bench.best_of(None, {"error": "exit 1"})["error"] == "exit 1"

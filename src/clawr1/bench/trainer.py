@@ -212,7 +212,8 @@ def table(numbers: dict[str, Any]) -> Any:
         t.caption = (f"Goal >= {GOAL_SPEEDUP}x TRL tokens/s at <= {GOAL_MEMORY:.0%} of its peak: "
                      f"{verdict(numbers['goal_met_by'])} (by CPU time: {verdict(numbers['goal_met_by_cpu_time'])}). "
                      f"Load avg: the machine's 1-minute load during the timed steps ({os.cpu_count()} CPUs); "
-                     "above the thread count, wall times are inflated and tokens/CPU-s at 1 thread is the fair measure.")
+                     "above the thread count, wall times are inflated and tokens/CPU-s at 1 thread is the fair "
+                     "measure.")
     return t
 
 
@@ -379,8 +380,8 @@ def worker_trl(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
     out = measure(one_step, spec["warmup"], spec["steps"], int(completion_mask.sum()))
     out["lora_updated"] = _updated(model_, before)
     active = trainer.model.get_base_model().is_activation_checkpointing
-    out.update(checkpointing=spec["checkpointing"], checkpointing_active=active, threads=torch.get_num_threads(), torch=torch.__version__,
-               trl=trl.__version__, optim=str(args.optim), loss_type=args.loss_type)
+    out.update(checkpointing=spec["checkpointing"], checkpointing_active=active, threads=torch.get_num_threads(),
+               torch=torch.__version__, trl=trl.__version__, optim=str(args.optim), loss_type=args.loss_type)
     return out
 
 
