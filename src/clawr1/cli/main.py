@@ -193,6 +193,98 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace, config: Config) -> int:
+    from clawr1.demo.run import DemoSettings, run_demo
+
+    fields = {k: getattr(args, k) for k in DemoSettings.model_fields if getattr(args, k, None) is not None}
+    fields["method"] = config.trainer.method
+    if args.batch_size is None:
+        fields.pop("batch_size", None)
+    settings = DemoSettings(**fields)
+    if args.plot:
+        from clawr1.demo.plot import plot_runs
+
+        results = [asyncio.run(run_demo(config, settings.model_copy(update={"method": m}), console))
+                   for m in args.methods.split(",")]
+        plot_runs(results, args.plot)
+        err_console.print(f"plot written to {args.plot}")
+        return 0
+    asyncio.run(run_demo(config, settings, console))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace, config: Config) -> int:
+    from openai import AsyncOpenAI
+
+    from clawr1.demo.evaluate import evaluate
+    from clawr1.demo.users import HELD_OUT, PREFERENCES, make_users
+
+    base = args.base_url or f"http://{config.gateway.host}:{config.gateway.port}"
+    key = args.api_key or (config.gateway.api_keys[0] if config.gateway.api_keys else "none")
+    client = AsyncOpenAI(base_url=f"{base.rstrip('/')}/v1", api_key=key, max_retries=0, timeout=600)
+    result = asyncio.run(evaluate(client, make_users(len(PREFERENCES), args.seed + 7919), max_tokens=args.max_tokens,
+                                  temperature=args.temperature, seed=args.seed, questions=HELD_OUT))
+    table = Table("preference", "score", title=f"held-out preference score: {result.score:.2f} over {result.n} "
+                                                 f"replies (served by {', '.join(result.versions)})")
+    for name, score in result.by_preference.items():
+        table.add_row(name, f"{score:.2f}")
+    console.print(table)
+    if args.json:
+        print(json.dumps(result.as_dict()))
+    return 0
+
+
+def cmd_train_flow(args: argparse.Namespace, config: Config) -> int:
+    from clawr1.flows import load_flow
+    from clawr1.flows.rollouts import results_table, summary, task_set
+    from clawr1.flows.whitebox import train_flow
+
+    try:
+        flow_class, tasks = load_flow(args.flow), task_set(args.tasks)
+    except (ValueError, TypeError) as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        return 2
+    flow = flow_class(config) if args.max_turns is None else flow_class(config, max_turns=args.max_turns)
+    result = train_flow(config, flow, tasks, group=args.group, epochs=args.epochs, steps=args.steps,
+                        tasks_per_step=args.tasks_per_step, concurrency=args.concurrency, console=err_console)
+    numbers = summary(result.rollouts)
+    if args.json:
+        print(json.dumps({"run_id": result.run_id, "version": result.version, "summary": numbers,
+                          "steps": result.steps, "rollouts": [r.as_dict() for r in result.rollouts]}))
+    else:
+        console.print(results_table(result.rollouts, f"train-flow {Path(args.flow).name} ({result.run_id})"))
+        console.print(f"{len(result.steps)} optimizer steps, policy v{result.version}; {json.dumps(numbers)}")
+    return 0
+
+
+def cmd_run_agent(args: argparse.Namespace, config: Config) -> int:
+    from clawr1.flows.blackbox import run_agent
+    from clawr1.flows.rollouts import results_table, summary, task_set
+
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not command:
+        err_console.print("[red]error:[/red] give the agent command after --, e.g. run-agent --tasks T -- python agent.py")
+        return 2
+    try:
+        tasks = task_set(args.tasks)
+    except ValueError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        return 2
+    try:
+        results = run_agent(config, command, tasks, group=args.group, base_url=args.base_url, serve=args.serve,
+                            api_key=args.api_key, timeout_s=args.timeout, concurrency=args.concurrency,
+                            console=err_console)
+    except ConnectionError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        return 1
+    if args.json:
+        print(json.dumps({"summary": summary(results), "rollouts": [r.as_dict() for r in results]}))
+    else:
+        console.print(results_table(results, f"run-agent {' '.join(command)}"))
+        console.print(json.dumps(summary(results)))
+    return 0
+
+
 def cmd_pool(args: argparse.Namespace, config: Config) -> int:
     from clawr1.datapool import SQLitePool
 
@@ -305,6 +397,62 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="require a checkpoint (the trainer always continues from one when it exists)")
     p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("demo", help="simulated users teach the main job their style preferences, live")
+    _common(p)
+    loop_flags(p)
+    p.add_argument("--steps", type=int, help="optimizer steps (policy versions) to reach (default 16)")
+    p.add_argument("--users", type=int, help="simulated users talking at once (default 9)")
+    p.add_argument("--turns", type=int, help="user messages per conversation (default 3)")
+    p.add_argument("--lr", type=float, help="LoRA learning rate (default 1e-3)")
+    p.add_argument("--max-tokens", type=int, help="reply length cap the users set (default 64)")
+    p.add_argument("--temperature", type=float, help="sampling temperature the users set (default 0.7)")
+    p.add_argument("--seed", type=int, help="seeds users and evaluation (default 0)")
+    p.add_argument("--max-minutes", type=float, help="stop talking after this long (default 14)")
+    p.add_argument("--eval-questions", type=int, help="held-out questions per preference, before and after (default 8)")
+    p.add_argument("--plot", type=Path, help="run each of --methods in turn and plot score vs steps to this PNG")
+    p.add_argument("--methods", default="rl,opd,combine", help="with --plot: the methods to compare")
+    p.set_defaults(fn=cmd_demo)
+
+    p = sub.add_parser("eval", help="preference score of the served version on held-out prompts (never trained)")
+    _common(p)
+    p.add_argument("--scenario", choices=["personal"], default="personal")
+    p.add_argument("--base-url", help="the gateway (default: the config's gateway host and port)")
+    p.add_argument("--api-key", help="an agent key (default: the first of gateway.api_keys)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_eval)
+
+    p = sub.add_parser("train-flow", help="white-box offline: G rollouts per task of a Python flow, GRPO, LoRA")
+    _common(p)
+    p.add_argument("flow", help="'tool-agent', package.module:Class or path/to/file.py:Class (an AgentFlow)")
+    p.add_argument("--tasks", required=True, help="a tasks JSONL file, or a shipped set: terminal, toolcall, swe")
+    p.add_argument("--group", type=int, default=4, help="G: rollouts per task, one GRPO group (default 4)")
+    p.add_argument("--epochs", type=int, default=1, help="passes over the tasks (default 1)")
+    p.add_argument("--steps", type=int, help="exactly N rounds (one optimizer step each), cycling over the tasks")
+    p.add_argument("--tasks-per-step", type=int, help="tasks per round (default all)")
+    p.add_argument("--concurrency", type=int, default=8, help="rollouts at once (default 8)")
+    p.add_argument("--max-turns", type=int, help="tool-agent: model calls per rollout (default 8)")
+    p.add_argument("--method", choices=["rl", "opd", "combine"], help="training objective (default combine)")
+    p.add_argument("--prm-m", type=int, help="judge votes per intermediate turn")
+    p.add_argument("--json", action="store_true", help="print the rollouts and step metrics as JSON")
+    p.set_defaults(fn=cmd_train_flow)
+
+    p = sub.add_parser("run-agent", help="black-box offline: run an external agent command over a task set")
+    _common(p)
+    p.add_argument("--tasks", required=True, help="a tasks JSONL file, or a shipped set: terminal, toolcall, swe")
+    p.add_argument("--group", type=int, default=1, help="rollouts per task, sharing a group id (default 1)")
+    p.add_argument("--base-url", help="a running gateway (default: the config's gateway host and port)")
+    p.add_argument("--serve", action="store_true", help="serve a gateway (with the judge) in-process for the run")
+    p.add_argument("--api-key", help="an agent key (default: the first of gateway.api_keys)")
+    p.add_argument("--timeout", type=float, default=600.0, help="wall-time limit per agent run in seconds")
+    p.add_argument("--concurrency", type=int, default=1, help="agent runs at once (default 1)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS: the agent (reads OPENAI_BASE_URL, "
+                   "CLAWR1_TASK_PROMPT, ...; its last stdout line is its answer)")
+    p.set_defaults(fn=cmd_run_agent)
 
     p = sub.add_parser("pool", help="inspect the data pool")
     _common(p)

@@ -170,6 +170,12 @@ class RewardConfig(_Section):
     poll_s: float = Field(0.5, gt=0, le=60)
     """How often the reward worker looks for turns whose next state has arrived."""
 
+    step_weight: float = Field(0.0, ge=0.0, le=1.0)
+    """Step-wise rewards for long tasks: when a session closes with an outcome, each earlier main
+    turn the judge scored trains with (1 - w) * judge + w * outcome (explicit feedback still
+    wins; the last turn gets the outcome). 0 = only the last turn gets the outcome. The close
+    route's `step_weight` overrides it per session."""
+
 
 class TrainerConfig(_Section):
     method: Literal["rl", "opd", "combine"] = "combine"
@@ -237,6 +243,37 @@ class TrainerConfig(_Section):
     """How often an idle trainer looks for READY samples."""
 
 
+class EnvsConfig(_Section):
+    wall_s: float = Field(10.0, gt=0, le=3600)
+    """Wall-clock limit of one sandboxed command; past it every process of the command is killed
+    (the tool message says `killed: wall time`)."""
+
+    cpu_s: int = Field(10, ge=1, le=3600)
+    """CPU seconds one process of a sandboxed command may use (RLIMIT_CPU; SIGXCPU, then SIGKILL)."""
+
+    memory_mb: int = Field(1024, ge=64, le=1_048_576)
+    """Address space of one process of a sandboxed command (RLIMIT_AS): larger allocations fail."""
+
+    max_procs: int = Field(64, ge=8, le=4096)
+    """Processes and threads a sandboxed command may have at once (RLIMIT_NPROC, enforced because
+    the command never runs as the host's root): a fork bomb stalls here until the wall limit."""
+
+    disk_mb: int = Field(128, ge=1, le=65_536)
+    """Size of the workspace and of the private /tmp (each a tmpfs inside the sandbox), and the
+    largest file a command may write; the host's disk never sees more than this per episode."""
+
+    output_chars: int = Field(4000, ge=100, le=1_000_000)
+    """Head of stdout and of stderr kept in the tool message; the rest is cut, and the message
+    says how much."""
+
+    allow_unsandboxed: bool = False
+    """Run commands without isolation (only the resource limits) where no sandbox mechanism works.
+    Off: such a machine refuses to run commands at all (`SandboxUnavailable`)."""
+
+    max_turns: int = Field(16, ge=1, le=1000)
+    """Agent turns (model calls) per episode."""
+
+
 class Config(_Section):
     data_dir: Path = Field(default_factory=default_data_dir)
     """Where the model cache, adapters and the data pool (`pool.sqlite3`) live."""
@@ -255,6 +292,9 @@ class Config(_Section):
 
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     """The trainer: method, batch, LoRA, loss bounds."""
+
+    envs: EnvsConfig = Field(default_factory=EnvsConfig)
+    """Agent environments: sandbox limits and episode length."""
 
 
 def _parse_value(raw: str) -> Any:

@@ -69,9 +69,14 @@ class DataPool(ABC):
 
     @abstractmethod
     def close_session(self, session_id: str, outcome_reward: float | None = None, *,
-                      tenant: str = DEFAULT_TENANT, reason: str = "closed") -> bool:
+                      tenant: str = DEFAULT_TENANT, reason: str = "closed", step_weight: float = 0.0) -> bool:
         """Close a session. With an outcome reward, the last main turn is rewarded with it (source
         `outcome`); without, a last turn still unrewarded is masked (dropped, reason `masked`).
+
+        Step-wise rewards (`step_weight` w > 0, with an outcome): every earlier main turn judged
+        from its next state trains with (1 - w) * judge + w * outcome (source `stepwise`, its parts
+        in the evidence), whether the judge scored it before this close or scores it later;
+        turns with explicit feedback keep the feedback.
 
         Returns:
             True if it was open, False if already closed (closing twice is harmless).
@@ -110,7 +115,10 @@ class DataPool(ABC):
 
     def add_reward(self, reward: Reward) -> None:
         """Record a reward; the step's sample takes its score (latest wins) and is READY when it is
-        non-zero, PENDING when zero (unless already leased, consumed or dropped)."""
+        non-zero, PENDING when zero (unless already leased, consumed or dropped). A judge's score
+        never overrides feedback, an outcome or a step-wise mix, nor a step-wise mix feedback: those
+        are kept as history only. A judge score for an earlier turn of a session closed with an
+        outcome and a step weight also records the step-wise mix (see `close_session`)."""
         self.submit_reward(reward).result()
 
     @abstractmethod

@@ -139,6 +139,19 @@ def _require_step(conn: sqlite3.Connection, step_id: str) -> None:
 
 
 EXPLICIT_SOURCES = ("feedback", "outcome")
+STEPWISE = "stepwise"  # an intermediate turn's judge score mixed with its session's outcome
+# Who a reward must not override (it is then kept as history only). What a person said (feedback)
+# is never overridden; the environment's word (a session's outcome, or the step-wise mix of judge
+# and outcome) is never overridden by a judge's later opinion. Among equals the latest wins.
+_OUTRANKED_BY = {"feedback": (), "outcome": (), STEPWISE: ("feedback",)}
+_JUDGE_OUTRANKED_BY = (*EXPLICIT_SOURCES, STEPWISE)
+
+
+def _outranked(conn: sqlite3.Connection, reward: Reward) -> bool:
+    above = _OUTRANKED_BY.get(reward.source, _JUDGE_OUTRANKED_BY)
+    return bool(above) and conn.execute(
+        f"SELECT 1 FROM rewards WHERE step_id = ? AND source IN ({', '.join('?' * len(above))}) LIMIT 1",
+        (reward.step_id, *above)).fetchone() is not None
 
 
 def add_reward(conn: sqlite3.Connection, reward: Reward) -> None:
@@ -146,11 +159,7 @@ def add_reward(conn: sqlite3.Connection, reward: Reward) -> None:
     conn.execute("INSERT INTO rewards (step_id, score, source, votes, evidence, created_at) VALUES (?, ?, ?, ?, ?, ?)",
                  (reward.step_id, reward.score, reward.source, dumps(reward.votes), reward.evidence, reward.created_at))
     # The latest reward wins while the sample waits; once leased or later, it is history only.
-    # What a person or the environment said (feedback, a session's outcome) is never overridden
-    # by a judge's later opinion: that one is kept as history only.
-    if reward.source not in EXPLICIT_SOURCES and conn.execute(
-            f"SELECT 1 FROM rewards WHERE step_id = ? AND source IN ({', '.join('?' * len(EXPLICIT_SOURCES))}) LIMIT 1",
-            (reward.step_id, *EXPLICIT_SOURCES)).fetchone():
+    if _outranked(conn, reward):
         return
     now = time.time()
     if reward.score != 0:
@@ -160,6 +169,61 @@ def add_reward(conn: sqlite3.Connection, reward: Reward) -> None:
     else:
         conn.execute("UPDATE samples SET reward = 0, updated_at = ?, status = 'pending', ready_at = NULL "
                      "WHERE step_id = ? AND status IN ('pending', 'ready')", (now, reward.step_id))
+    if reward.source not in _OUTRANKED_BY:
+        _mix_if_closed(conn, reward)
+
+
+def _stepwise(step_id: str, judge: float, judge_source: str, outcome: float, weight: float) -> Reward:
+    """An intermediate turn's final reward, (1 - w) * judge + w * outcome, with its parts as evidence
+    (so `clawr1 pool show STEP` explains the number)."""
+    score = max(-1.0, min(1.0, (1.0 - weight) * judge + weight * outcome))  # float rounding only
+    evidence = {"formula": "(1 - step_weight) * judge + step_weight * outcome", "judge": judge,
+                "judge_source": judge_source, "outcome": outcome, "step_weight": weight}
+    return Reward(step_id=step_id, score=score, source=STEPWISE, evidence=dumps(evidence))
+
+
+def _close_weight(conn: sqlite3.Connection, tenant: str, session_id: str) -> float:
+    """The step weight the session's latest close used (0 when it named none)."""
+    row = conn.execute("SELECT data FROM events WHERE tenant = ? AND session_id = ? AND kind = 'close' "
+                       "ORDER BY id DESC LIMIT 1", (tenant, session_id)).fetchone()
+    return 0.0 if row is None else float(json.loads(row[0]).get("step_weight") or 0.0)
+
+
+def _mix_if_closed(conn: sqlite3.Connection, judged: Reward) -> None:
+    """A judge score that arrives after its session closed with an outcome (the close came first):
+    an intermediate turn then gets the step-wise mix, as if the judge had been first."""
+    row = conn.execute(
+        "SELECT s.tenant, s.session_id, s.turn_index, x.status, x.outcome_reward, "
+        "(SELECT max(l.turn_index) FROM samples l WHERE l.tenant = s.tenant AND l.session_id = s.session_id) "
+        "FROM samples s JOIN sessions x ON x.tenant = s.tenant AND x.session_id = s.session_id "
+        "WHERE s.step_id = ?", (judged.step_id,)).fetchone()
+    if row is None:
+        return  # a side turn: no sample
+    tenant, session_id, turn, status, outcome, last = row
+    if status != "closed" or outcome is None or turn >= last:
+        return
+    weight = _close_weight(conn, tenant, session_id)
+    if weight > 0:
+        add_reward(conn, _stepwise(judged.step_id, judged.score, judged.source, outcome, weight))
+
+
+def _mix_on_close(conn: sqlite3.Connection, tenant: str, session_id: str, last_turn: int, outcome: float,
+                  weight: float) -> None:
+    """The session closes after (some of) its intermediate turns were judged: each gets the
+    step-wise mix of its latest judge score; turns with explicit feedback keep it."""
+    latest: dict[str, tuple[float, str]] = {}
+    felt: set[str] = set()
+    for step_id, score, source in conn.execute(
+            "SELECT r.step_id, r.score, r.source FROM samples s JOIN rewards r ON r.step_id = s.step_id "
+            "WHERE s.tenant = ? AND s.session_id = ? AND s.turn_index < ? ORDER BY r.id",
+            (tenant, session_id, last_turn)):
+        if source == "feedback":
+            felt.add(step_id)
+        elif source not in _OUTRANKED_BY:
+            latest[step_id] = (score, source)
+    for step_id, (score, source) in latest.items():
+        if step_id not in felt:
+            add_reward(conn, _stepwise(step_id, score, source, outcome, weight))
 
 
 def add_hint(conn: sqlite3.Connection, hint: Hint) -> None:
@@ -180,7 +244,8 @@ def _insert_event(conn: sqlite3.Connection, event: SessionEvent) -> None:
                  (event.tenant, event.session_id, event.kind, dumps(event.data), event.created_at))
 
 
-def close_session(conn: sqlite3.Connection, tenant: str, session_id: str, outcome: float | None, reason: str) -> bool:
+def close_session(conn: sqlite3.Connection, tenant: str, session_id: str, outcome: float | None, reason: str,
+                  step_weight: float = 0.0) -> bool:
     key = (tenant, session_id)
     row = conn.execute("SELECT status FROM sessions WHERE tenant = ? AND session_id = ?", key).fetchone()
     if row is None:
@@ -190,13 +255,18 @@ def close_session(conn: sqlite3.Connection, tenant: str, session_id: str, outcom
     now = time.time()
     conn.execute("UPDATE sessions SET status = 'closed', closed_at = ?, updated_at = ?, outcome_reward = ? "
                  "WHERE tenant = ? AND session_id = ?", (now, now, outcome, *key))
-    _insert_event(conn, SessionEvent(session_id, "close", tenant, {"reason": reason, "outcome_reward": outcome}, now))
-    last = conn.execute("SELECT step_id FROM samples WHERE tenant = ? AND session_id = ? "  # main turns only
+    data: dict[str, object] = {"reason": reason, "outcome_reward": outcome}
+    if outcome is not None:
+        data["step_weight"] = step_weight  # a judge score arriving later mixes with the same weight
+    _insert_event(conn, SessionEvent(session_id, "close", tenant, data, now))
+    last = conn.execute("SELECT step_id, turn_index FROM samples WHERE tenant = ? AND session_id = ? "  # main turns
                         "ORDER BY turn_index DESC LIMIT 1", key).fetchone()
     if last is None:
         return True
     if outcome is not None:
         add_reward(conn, Reward(step_id=last[0], score=outcome, source="outcome", evidence=f"session {reason}"))
+        if step_weight > 0:
+            _mix_on_close(conn, tenant, session_id, last[1], outcome, step_weight)
     elif conn.execute("UPDATE samples SET status = 'dropped', reason = 'masked', updated_at = ? "
                       "WHERE step_id = ? AND status = 'pending' AND reward IS NULL", (now, last[0])).rowcount:
         # The last turn has no next state to judge it by and no outcome: mask it, say so.

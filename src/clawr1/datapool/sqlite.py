@@ -59,11 +59,13 @@ class SQLitePool(DataPool):
         return self._writer.submit(ops.insert_steps, step_row(step))
 
     def close_session(self, session_id: str, outcome_reward: float | None = None, *,
-                      tenant: str = DEFAULT_TENANT, reason: str = "closed") -> bool:
+                      tenant: str = DEFAULT_TENANT, reason: str = "closed", step_weight: float = 0.0) -> bool:
         if outcome_reward is not None and not -1.0 <= outcome_reward <= 1.0:
             raise ValueError(f"outcome_reward must be in [-1, 1], got {outcome_reward}")
+        if not 0.0 <= step_weight <= 1.0:
+            raise ValueError(f"step_weight must be in [0, 1], got {step_weight}")
         return self._writer.run(partial(ops.close_session, tenant=tenant, session_id=session_id,
-                                        outcome=outcome_reward, reason=reason))
+                                        outcome=outcome_reward, reason=reason, step_weight=step_weight))
 
     def open_session(self, session_id: str, *, tenant: str = DEFAULT_TENANT, key_hash: str | None = None) -> bool:
         if not session_id or not tenant:

@@ -45,6 +45,9 @@ class CloseRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     outcome_reward: float | None = Field(None, ge=-1, le=1)
     """The whole session's result; it rewards the last main turn (else that turn is masked)."""
+    step_weight: float | None = Field(None, ge=0, le=1)
+    """With an outcome: earlier judged turns train with (1 - w) * judge + w * outcome; default
+    `reward.step_weight`."""
 
 
 class NewSession(BaseModel):
@@ -88,12 +91,18 @@ async def close(session_id: str, request: Request) -> dict[str, Any]:
     caller = gw.authenticate(request)
     _own(caller, session_id)
     body = await gw.read(request, CloseRequest)
+    weight = gw.config.reward.step_weight if body.step_weight is None else body.step_weight
     try:
-        was_open = await gw.close_session(caller.tenant, session_id, body.outcome_reward, "closed")
+        # As `Gateway.close_session`, with the step weight (the only close that carries one).
+        was_open = await asyncio.to_thread(gw.pool.close_session, session_id, body.outcome_reward,
+                                           tenant=caller.tenant, reason="closed", step_weight=weight)
     except UnknownSessionError as exc:
         raise APIError(404, f"no session {session_id!r}", param="session_id", code="session_not_found") from exc
+    gw.sessions.forget(caller.tenant, session_id)
+    shown = await asyncio.to_thread(gw.pool.show, session_id, caller.tenant)
+    turns = sum(1 for step in shown["steps"] if step["turn_type"] == "main")
     return {"id": session_id, "object": "session", "status": "closed", "was_open": was_open,
-            "outcome_reward": body.outcome_reward}
+            "outcome_reward": body.outcome_reward, "step_weight": weight, "turns": turns}
 
 
 @router.post("/admin/sessions")

@@ -1,0 +1,1 @@
+"""The personal-agent demo: simulated users, live learning, held-out evaluation."""

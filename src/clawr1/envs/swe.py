@@ -1,0 +1,124 @@
+"""`swe`: fix a bug in a tiny repository until its unit tests pass.
+
+A task's `files` are a small module with a bug and a stdlib `unittest` test file (no pytest needed
+inside the sandbox). Tools: `read_file`, `write_file`, `replace_in_file` (host-side, confined to
+the workspace) and `run_tests` (`python3 -m unittest` in the sandbox). The reward is the tests:
+1 pass, -1 fail. Before the final run the task's test files (names starting with `test`) are
+restored, so editing the tests is not a way to pass them; `-I` keeps the workspace off `sys.path`
+until discovery, so a planted `unittest.py` does not replace the runner; and the run must report
+at least one test and `OK`, so a module that exits 0 on import does not pass either. (A model set
+on cheating could still fake the report from inside the module under test; the tiny models this
+set is for do not.)
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from clawr1.core.config import EnvsConfig
+from clawr1.envs.base import Task
+from clawr1.envs.sandbox import Sandbox, SandboxResult
+from clawr1.envs.tools import ToolEnv, ToolError, function_tool, inside, write_files
+
+TEST_COMMAND = "python3 -B -I -m unittest"
+_PATH = {"type": "string", "description": "File path relative to the repository root, e.g. `mathutil.py`.",
+         "maxLength": 500}
+_TOOLS = [
+    function_tool("read_file", "Read a file of the repository.", {"path": _PATH}, ["path"]),
+    function_tool("write_file", "Create or overwrite a file with the given content.",
+                  {"path": _PATH, "content": {"type": "string", "description": "The whole new content."}},
+                  ["path", "content"]),
+    function_tool("replace_in_file", "Replace one exact occurrence of `old` by `new` in a file.",
+                  {"path": _PATH, "old": {"type": "string", "description": "Text to find (must occur exactly once)."},
+                   "new": {"type": "string", "description": "Replacement text."}},
+                  ["path", "old", "new"]),
+    function_tool("run_tests", "Run the repository's unit tests and show the result."),
+]
+
+
+def tests_passed(result: SandboxResult) -> bool:
+    """unittest exited 0 on its own and reported at least one test run and `OK`."""
+    ran = re.search(r"^Ran (\d+) tests? in ", result.stderr, flags=re.MULTILINE)
+    return (result.exit_code == 0 and result.killed is None and ran is not None and int(ran.group(1)) > 0
+            and re.search(r"^OK\b", result.stderr, flags=re.MULTILINE) is not None)
+
+
+class SWEEnv(ToolEnv):
+    name = "swe"
+    system = ("You are a software engineer fixing a bug in a small Python repository. Use read_file to read "
+              "code, replace_in_file or write_file to change it, and run_tests to run the unit tests. When the "
+              "tests pass, reply with a short summary and no tool call.")
+
+    def __init__(self, config: EnvsConfig | None = None):
+        self.config = config or EnvsConfig()
+        self._sandbox: Sandbox | None = None
+        self._task: Task | None = None
+
+    def tools(self) -> list[dict[str, Any]]:
+        return _TOOLS
+
+    def reset(self, task: Task) -> str:
+        self.close()
+        self._sandbox = Sandbox(limits=self.config)
+        write_files(self._sandbox.workdir, task.files)
+        self._task = task
+        return task.prompt
+
+    def tool_read_file(self, path: str) -> str:
+        file = inside(self._box().workdir, path)
+        if not file.is_file():
+            raise ToolError(f"no such file {path!r}")
+        text = file.read_text(encoding="utf-8", errors="replace")
+        keep = self.config.output_chars
+        return text if len(text) <= keep else text[:keep] + f"\n[... {len(text) - keep} more characters cut]"
+
+    def tool_write_file(self, path: str, content: str) -> str:
+        if len(content.encode()) > self.config.disk_mb << 20:
+            raise ToolError(f"content is larger than {self.config.disk_mb} MB")
+        file = inside(self._box().workdir, path)
+        if file.is_dir():
+            raise ToolError(f"{path!r} is a directory")
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(content, encoding="utf-8")
+        return f"wrote {len(content)} characters to {path}"
+
+    def tool_replace_in_file(self, path: str, old: str, new: str) -> str:
+        file = inside(self._box().workdir, path)
+        if not file.is_file():
+            raise ToolError(f"no such file {path!r}")
+        text = file.read_text(encoding="utf-8")
+        count = text.count(old) if old else 0
+        if count != 1:
+            raise ToolError(f"`old` occurs {count} times in {path}; it must occur exactly once (add context)")
+        file.write_text(text.replace(old, new, 1), encoding="utf-8")
+        return f"replaced 1 occurrence in {path}"
+
+    def tool_run_tests(self) -> str:
+        return self._box().run(TEST_COMMAND).message()
+
+    def outcome(self, final_answer: str | None = None) -> float:
+        if self._task is None:
+            raise RuntimeError("outcome() before reset()")
+        box = self._box()
+        tests = {k: v for k, v in self._task.files.items() if Path(k).name.startswith("test")}
+        for rel in tests:  # a planted symlink would make the restore write elsewhere: replace it
+            if (box.workdir / rel).is_symlink():
+                (box.workdir / rel).unlink()
+        write_files(box.workdir, tests)
+        return 1.0 if tests_passed(box.run(TEST_COMMAND)) else -1.0
+
+    def close(self) -> None:
+        if self._sandbox is not None:
+            self._sandbox.close()
+            self._sandbox = None
+
+    @property
+    def workdir(self) -> Path | None:
+        return self._sandbox.workdir if self._sandbox else None
+
+    def _box(self) -> Sandbox:
+        if self._sandbox is None:
+            raise RuntimeError("the env has no workspace: call reset() first")
+        return self._sandbox

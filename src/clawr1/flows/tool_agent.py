@@ -1,0 +1,59 @@
+"""`tool-agent`: the plain tool-calling loop, as most agents are written.
+
+messages = [system, user]; ask the model with the env's tools; run every tool call it makes and
+append the assistant message and the tool results; stop at a reply without tool calls (its text
+is the final answer) or after `max_turns` model calls. Each model call is one main turn of the
+session, and its tool results are that turn's next state, which the reward worker judges.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from clawr1.core.config import Config
+from clawr1.envs.base import Task
+from clawr1.flows.base import AgentFlow
+from clawr1.flows.rollouts import EnvFactory, env_for
+
+if TYPE_CHECKING:
+    import openai
+
+
+class ToolAgentFlow(AgentFlow):
+    name = "tool-agent"
+
+    def __init__(self, config: Config | None = None, *, max_turns: int = 8, max_tokens: int | None = None,
+                 temperature: float = 1.0, model: str = "policy", env_factory: EnvFactory | None = None):
+        """`max_turns` bounds the model calls of a rollout; `env_factory(task)` builds its env
+        (default: the env the task names)."""
+        super().__init__(config)
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.max_turns, self.max_tokens, self.temperature, self.model = max_turns, max_tokens, temperature, model
+        self.env_factory = env_factory or env_for(self.config)
+
+    def run(self, task: Task, client: openai.OpenAI) -> float | None:
+        with self.env_factory(task) as env:
+            messages: list[dict[str, Any]] = [{"role": "system", "content": env.system},
+                                              {"role": "user", "content": env.reset(task)}]
+            tools = env.tools() or None
+            final: str | None = None
+            for _ in range(self.max_turns):
+                extra: dict[str, Any] = {"tools": tools} if tools else {}
+                if self.max_tokens:
+                    extra["max_tokens"] = self.max_tokens
+                reply = client.chat.completions.create(model=self.model, messages=messages,
+                                                       temperature=self.temperature, **extra).choices[0].message
+                final = reply.content
+                calls = reply.tool_calls or []
+                message: dict[str, Any] = {"role": "assistant", "content": reply.content or ""}
+                if calls:
+                    message["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                        "name": c.function.name, "arguments": c.function.arguments}} for c in calls]
+                messages.append(message)
+                if not calls:
+                    break
+                for call in calls:
+                    messages.append({"role": "tool", "tool_call_id": call.id,
+                                     "content": env.call(call.function.name, call.function.arguments)})
+            return env.outcome(final)
