@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 _BOLD = re.compile(r"\*\*|__")
 _STEPS = re.compile(r"(?im)^\s*(?:step\s*\d+\b|\d+\s*[.)]\s|[-*\u2022]\s)")
