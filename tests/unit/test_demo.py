@@ -7,7 +7,7 @@ import openai
 from clawr1.demo.evaluate import evaluate
 from clawr1.demo.plot import plot_runs, smoothed
 from clawr1.demo.run import Scoreboard, version_of
-from clawr1.demo.users import PREFERENCES, make_users, one_short_paragraph
+from clawr1.demo.users import CUT_OFF, PREFERENCES, make_users, one_short_paragraph
 from tests.conftest import run
 from tests.gateway_helpers import live_gateway, steps_of
 
@@ -20,7 +20,8 @@ def test_preference_checkers_accept_and_reject():
     assert not short("Boil water, steep for three minutes.", False)  # truncated: not a complete answer
     assert not short(LONG, True) and not short("word " * 51, True)
     assert one_short_paragraph("word " * 50, True)
-    assert bold("Plain text only.", False) and not bold("Use **fresh** leaves.", True)
+    assert bold("Plain text only.", True) and not bold("Use **fresh** leaves.", True)
+    assert not bold("Plain text only, but cut", False)  # an unfinished reply keeps no preference
     assert steps("Boil the water first, then steep.", True)
     for listed in ("Step 1: boil water", "1. Boil water\n2. Steep", "Tips:\n- boil water", "x\n3) steep"):
         assert not steps(listed, True), listed
@@ -34,6 +35,8 @@ def test_users_correct_when_broken_and_move_on_when_kept():
     assert not kept and said in PREFERENCES["no-bold"].corrections
     kept, said = user.react("Use fresh leaves and hot water.", True)
     assert kept and said.endswith("?") and any(said.startswith(t) for t in ("Thanks", "Great", "Perfect", "Nice"))
+    kept, said = user.react("Use fresh leaves and hot", False)  # cut off at the length cap
+    assert not kept and said in CUT_OFF
     # Seeded: the same seed gives the same conversation, another seed another one.
     a, b, c = make_users(1, seed=5)[0], make_users(1, seed=5)[0], make_users(1, seed=6)[0]
     qa, qb, qc = ([u.next_question() for _ in range(8)] for u in (a, b, c))

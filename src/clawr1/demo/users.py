@@ -2,8 +2,9 @@
 
 Each user has one stated style preference and a hidden checker for it. The user never tells the
 system its preference directly: it asks everyday questions, replies with a natural correction when
-a reply breaks the preference ("please don't use bold text") and with thanks plus a new question
-when the reply keeps it, exactly the next states a real user produces. The checker only *measures*
+a reply breaks the preference ("please don't use bold text") or was cut off at the client's length
+cap (every user minds an unfinished answer), and with thanks plus a new question when the reply
+is complete and keeps the preference: exactly the next states a real user produces. The checker only *measures*
 (the preference score); learning goes through the production judge and hint path.
 """
 
@@ -32,6 +33,7 @@ class Preference:
     name: str
     description: str
     check: Callable[[str, bool], bool]
+    """(reply text, finished?) -> kept. A reply cut off at the length cap never keeps it."""
     corrections: tuple[str, ...]
 
 
@@ -43,17 +45,20 @@ PREFERENCES: dict[str, Preference] = {p.name: p for p in (
                 "Please make it shorter: one short paragraph is all I need.",
                 "Can you keep answers brief? One short paragraph, no more.")),
     Preference("no-bold", "no markdown bold text",
-               lambda text, finished: not _BOLD.search(text),
+               lambda text, finished: finished and not _BOLD.search(text),
                ("Please don't use bold text, I read this in plain text.",
                 "No bold formatting please, just plain sentences.",
                 "Please stop using ** bold markup in your answers.")),
     Preference("no-steps", "no numbered steps, lists or 'Step 1:' prefixes",
-               lambda text, finished: not _STEPS.search(text),
+               lambda text, finished: finished and not _STEPS.search(text),
                ("Please don't number the steps. Write it as plain sentences instead of a list.",
                 "No lists or 'Step 1:' prefixes please, just a normal paragraph.",
                 "Please avoid bullet points and numbered steps, plain prose is better.")),
 )}
 
+CUT_OFF = ("Your answer got cut off mid-sentence. Please keep it shorter so it fits.",
+           "That was cut off before the end. A shorter answer would be better.",
+           "You stopped mid-sentence. Please give a complete but brief answer.")
 THANKS = ("Thanks, that's helpful!", "Great, thank you.", "Perfect, thanks.", "Nice, that works for me.",
           "Thanks! That's exactly what I needed.")
 NEXT = ("Another question:", "Next one:", "Also,", "One more thing:")
@@ -111,9 +116,10 @@ class SimulatedUser:
 
     def react(self, reply: str, finished: bool) -> tuple[bool, str]:
         """(kept the preference?, the user's next message)."""
-        kept = self.preference.check(reply, finished)
-        if kept:
-            return True, f"{self.rng.choice(THANKS)} {self.rng.choice(NEXT)} {self.next_question()}"
+        if self.preference.check(reply, True):  # the preference itself holds (as far as it goes)
+            if finished:
+                return True, f"{self.rng.choice(THANKS)} {self.rng.choice(NEXT)} {self.next_question()}"
+            return False, self.rng.choice(CUT_OFF)
         return False, self.rng.choice(self.preference.corrections)
 
 
