@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import openai
 
 from clawr1.demo.evaluate import evaluate
@@ -82,3 +84,13 @@ def test_evaluation_is_recorded_but_never_trained(engine, tmp_path):
         # Paired: a second evaluation samples the same replies (same prompts, same seeds).
         again = run(measure(base))
         assert again.score == result.score and again.mean_words == result.mean_words
+
+
+def test_eval_command_measures_the_served_version(engine, tmp_path, capsys):
+    from clawr1.cli.main import main
+
+    with live_gateway(engine, tmp_path) as (base, pool):
+        assert main(["eval", "--scenario", "personal", "--base-url", base, "--max-tokens", "4", "--json"]) == 0
+        result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert result["n"] == 24 and result["versions"] == {"clawr1-v0": 24} and 0 <= result["score"] <= 1
+        assert len(steps_of(pool, 24)) == 24 and pool.stats()["main_steps"] == 0  # measured, never trained

@@ -7,11 +7,14 @@ import asyncio
 import json
 import logging
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from clawr1.cli import export as export_cli
 from clawr1.core.config import Config, load_config, to_toml
 from clawr1.core.types import EngineError, SamplingParams
 
@@ -32,7 +35,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 FLAGS = {"data_dir": "data_dir", "model": "engine.model", "threads": "engine.threads",
          "host": "gateway.host", "port": "gateway.port", "method": "trainer.method",
          "batch_size": "trainer.batch_size", "prm_m": "reward.prm_m", "w_opd": "trainer.w_opd",
-         "w_rl": "trainer.w_rl"}
+         "w_rl": "trainer.w_rl", "log_format": "log_format"}
 
 
 def resolve(args: argparse.Namespace) -> Config:
@@ -43,6 +46,15 @@ def resolve(args: argparse.Namespace) -> Config:
         if value is not None:
             overrides.append(f"{key}={json.dumps(str(value) if isinstance(value, Path) else value)}")
     return load_config(args.config, overrides)
+
+
+def say(config: Config, markup: str, message: str, **fields: object) -> None:
+    """A status line of a long-running command: rich markup on a terminal; under `log_format =
+    "json"` a log record with its fields instead, so every line a log shipper reads is JSON."""
+    if config.log_format == "json":
+        logging.getLogger("clawr1.cli").info(message, extra=fields)
+    else:
+        err_console.print(markup)
 
 
 def cmd_config(args: argparse.Namespace, config: Config) -> int:
@@ -88,8 +100,9 @@ def cmd_serve(args: argparse.Namespace, config: Config) -> int:
     from clawr1.gateway.server import UnsafeBindError, serve
 
     def ready(port: int, note: str) -> None:
-        err_console.print(f"[green]Claw-R1 gateway[/green] on http://{config.gateway.host}:{port}/v1 "
-                          f"(model {config.engine.model}, data {config.data_dir}); {note}")
+        url = f"http://{config.gateway.host}:{port}/v1"
+        say(config, f"[green]Claw-R1 gateway[/green] on {url} (model {config.engine.model}, data {config.data_dir}); "
+            f"{note}", f"gateway on {url}; {note}", url=url, model=config.engine.model, data_dir=config.data_dir)
 
     try:
         asyncio.run(serve(config, on_ready=ready))
@@ -117,17 +130,20 @@ def cmd_train(args: argparse.Namespace, config: Config) -> int:
     with SQLitePool(config.data_dir, config.pool) as pool:
         with err_console.status("Loading the policy ..."):
             trainer = Trainer(config, pool)
-        err_console.print(f"[green]trainer[/green] method={config.trainer.method} batch={config.trainer.batch_size} "
-                          f"at step {trainer.step_count}, policy v{trainer.version}; waiting for READY samples")
+        say(config, f"[green]trainer[/green] method={config.trainer.method} batch={config.trainer.batch_size} "
+            f"at step {trainer.step_count}, policy v{trainer.version}; waiting for READY samples",
+            "trainer waiting for READY samples", method=config.trainer.method, batch_size=config.trainer.batch_size,
+            step=trainer.step_count, version=trainer.version)
         try:
             while not stop.is_set():
                 metrics = trainer.run_once()
                 if metrics is None:
                     stop.wait(config.trainer.poll_s)
                     continue
-                err_console.print(f"v{metrics['version']}: {metrics['lease']} samples, loss {metrics['loss']:+.4f}, "
-                                  f"reward {metrics['reward_mean']:+.2f}, hints {metrics['hint_rate']:.0%}, "
-                                  f"clip {metrics['clip_frac']:.2f}, {metrics['total_s']:.1f} s")
+                say(config, f"v{metrics['version']}: {metrics['lease']} samples, loss {metrics['loss']:+.4f}, "
+                    f"reward {metrics['reward_mean']:+.2f}, hints {metrics['hint_rate']:.0%}, "
+                    f"clip {metrics['clip_frac']:.2f}, {metrics['total_s']:.1f} s",
+                    f"published policy v{metrics['version']}", metrics=metrics)
         except KeyboardInterrupt:
             pass
     return 0
@@ -137,6 +153,7 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
     import subprocess
     import tempfile
 
+    from clawr1.gateway.app import Gateway
     from clawr1.gateway.server import UnsafeBindError, check_exposure, serve
     from clawr1.reward.worker import RewardWorker
 
@@ -154,9 +171,15 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
     log_path = run_dir / "trainer.log"
 
     def ready(port: int, note: str) -> None:
-        err_console.print(f"[green]Claw-R1[/green] serving on http://{config.gateway.host}:{port}/v1 "
-                          f"(model {config.engine.model}); judge + trainer ({config.trainer.method}) running; "
-                          f"trainer log {log_path}; {note}")
+        url = f"http://{config.gateway.host}:{port}/v1"
+        say(config, f"[green]Claw-R1[/green] serving on {url} (model {config.engine.model}); judge + trainer "
+            f"({config.trainer.method}) running; trainer log {log_path}; {note}", f"serving on {url}; {note}",
+            url=url, model=config.engine.model, method=config.trainer.method, trainer_log=log_path)
+
+    def jobs(gw: Gateway) -> list[Coroutine[Any, Any, None]]:
+        worker = RewardWorker(gw.pool, gw.engine, config)
+        gw.metrics.watch_judge(worker)  # its outcomes on /metrics
+        return [worker.run(), supervise()]
 
     with open(log_path, "ab") as trainer_log:
         command = [sys.executable, "-m", "clawr1.cli.main", "train", "--config", f.name]
@@ -176,8 +199,7 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
                                                       stderr=subprocess.STDOUT)
 
         try:
-            asyncio.run(serve(config, on_ready=ready,
-                              workers=lambda gw: [RewardWorker(gw.pool, gw.engine, config).run(), supervise()]))
+            asyncio.run(serve(config, on_ready=ready, workers=jobs))
         except UnsafeBindError as exc:
             err_console.print(f"[red]error:[/red] {exc}")
             return 2
@@ -221,9 +243,13 @@ def cmd_eval(args: argparse.Namespace, config: Config) -> int:
 
     base = args.base_url or f"http://{config.gateway.host}:{config.gateway.port}"
     key = args.api_key or (config.gateway.api_keys[0] if config.gateway.api_keys else "none")
-    client = AsyncOpenAI(base_url=f"{base.rstrip('/')}/v1", api_key=key, max_retries=0, timeout=600)
-    result = asyncio.run(evaluate(client, make_users(len(PREFERENCES), args.seed + 7919), max_tokens=args.max_tokens,
-                                  temperature=args.temperature, seed=args.seed, questions=HELD_OUT))
+
+    async def measure():  # the client closes inside the loop that opened its connections
+        async with AsyncOpenAI(base_url=f"{base.rstrip('/')}/v1", api_key=key, max_retries=0, timeout=600) as client:
+            return await evaluate(client, make_users(len(PREFERENCES), args.seed + 7919), max_tokens=args.max_tokens,
+                                  temperature=args.temperature, seed=args.seed, questions=HELD_OUT)
+
+    result = asyncio.run(measure())
     table = Table("preference", "score", title=f"held-out preference score: {result.score:.2f} over {result.n} "
                                                  f"replies (served by {', '.join(result.versions)})")
     for name, score in result.by_preference.items():
@@ -350,6 +376,12 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
+def log_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log-json", dest="log_format", action="store_const", const="json",
+                        help="log one JSON object a line (time, level, logger, message, extras); "
+                             "the same as --set log_format=\"json\"")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clawr1", description="Runtime RL for LLM agents.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -375,6 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8000; 0 = any free port)")
+    log_flag(p)
     p.set_defaults(fn=cmd_serve)
 
     def loop_flags(p: argparse.ArgumentParser) -> None:
@@ -389,6 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8000; 0 = any free port)")
     loop_flags(p)
+    log_flag(p)
     p.set_defaults(fn=cmd_up)
 
     p = sub.add_parser("train", help="the trainer alone: lease samples, train LoRA, publish versions")
@@ -396,6 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
     loop_flags(p)
     p.add_argument("--resume", action="store_true",
                    help="require a checkpoint (the trainer always continues from one when it exists)")
+    log_flag(p)
     p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("demo", help="simulated users teach the main job their style preferences, live")
@@ -464,6 +499,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rewarded-only", action="store_true", help="export only samples with a reward")
     p.set_defaults(fn=cmd_pool)
 
+    p = sub.add_parser("export", help="main turns as a TRL training set (jsonl, parquet, hf) with filters")
+    _common(p)
+    export_cli.add_arguments(p)
+    p.set_defaults(fn=export_cli.cmd_export)
+
     p = sub.add_parser("bench", help="benchmarks that print side-by-side ratios")
     _common(p)
     p.add_argument("what", choices=["engine", "pool", "gateway", "judge", "trainer", "swap", "latency"])
@@ -478,18 +518,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command in ("up", "serve", "train"):  # long-running: their events (swaps, judge errors) are logged
-        from rich.logging import RichHandler
-
-        logging.basicConfig(level=logging.INFO, format="%(message)s",
-                            handlers=[RichHandler(console=err_console, show_path=False)])
-        for noisy in ("httpx", "uvicorn.access"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         config = resolve(args)
     except (ValueError, OSError) as exc:  # pydantic's ValidationError is a ValueError
         err_console.print(f"[red]config error:[/red] {exc}")
         return 2
+    if args.command in ("up", "serve", "train"):  # long-running: their events (swaps, judge errors) are logged
+        from clawr1.cli import logs
+
+        logs.configure(config.log_format, logs.secrets_of(config), console=err_console)
     try:
         return args.fn(args, config)
     except (EngineError, FileNotFoundError, ImportError) as exc:

@@ -278,6 +278,11 @@ class Config(_Section):
     data_dir: Path = Field(default_factory=default_data_dir)
     """Where the model cache, adapters and the data pool (`pool.sqlite3`) live."""
 
+    log_format: Literal["rich", "json"] = "rich"
+    """Logs of the long-running commands (`up`, `serve`, `train`): `rich` for a terminal, `json` for a
+    log shipper (one object a line: time, level, logger, message, extras; `--log-json`). Top level,
+    not under `gateway`: `up` hands the trainer process the same config, so both log alike."""
+
     engine: EngineConfig = Field(default_factory=EngineConfig)
     """The serving engine."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
@@ -29,6 +30,35 @@ class UnknownSessionError(KeyError):
 
 class UnknownLeaseError(KeyError):
     """An ack named a lease id this pool never handed out."""
+
+
+ExportFormat = Literal["jsonl", "parquet", "hf"]
+EXPORT_FORMATS: tuple[ExportFormat, ...] = ("jsonl", "parquet", "hf")
+
+
+@dataclass(frozen=True)
+class ExportFilter:
+    """Which main turns an export takes. Every bound is optional; they combine with AND. Times are
+    unix seconds of the step's recording, `[since, until)`; reward and version bounds are inclusive,
+    and a reward bound keeps only rewarded samples (an unrewarded one has no reward to compare)."""
+
+    tenant: str | None = None
+    since: float | None = None
+    until: float | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+    rewarded_only: bool = False
+    min_version: int | None = None
+    max_version: int | None = None
+
+    def __post_init__(self) -> None:
+        for low, high in (("since", "until"), ("min_reward", "max_reward"), ("min_version", "max_version")):
+            a, b = getattr(self, low), getattr(self, high)
+            if a is not None and b is not None and a > b:
+                raise ValueError(f"export filter: {low} ({a}) is after {high} ({b})")
+        for name in ("min_version", "max_version"):
+            if (getattr(self, name) or 0) < 0:
+                raise ValueError(f"export filter: {name} must be >= 0")
 
 
 class DataPool(ABC):
@@ -194,10 +224,15 @@ class DataPool(ABC):
         """One step (with sample, rewards, hints) or one session (with its steps and events)."""
 
     @abstractmethod
-    def export(self, path: Path, format: Literal["jsonl", "parquet"] = "jsonl", *,
-               rewarded_only: bool = False) -> int:
-        """Write main-turn samples in TRL's conversational prompt/completion form with their reward;
-        returns the row count. Loadable with `datasets.load_dataset("json"|"parquet", ...)`."""
+    def export(self, path: Path, format: ExportFormat = "jsonl", *, rewarded_only: bool = False,
+               filters: ExportFilter | None = None) -> int:
+        """Write main-turn samples in TRL's conversational form: `prompt` (the messages), `completion`
+        (the assistant reply as a one-message list), with `reward`, `hint` (the one it trains with),
+        `session_id`, `turn_index`, `policy_version`, `tenant`, `created_at` and provenance. Returns
+        the row count. `jsonl`/`parquet` write one file (`datasets.load_dataset("json"|"parquet")`);
+        `hf` a `datasets.Dataset.save_to_disk` directory (`datasets.load_from_disk`; needs the
+        `datasets` package, refuses an existing path). `rewarded_only` is `filters.rewarded_only`.
+        Atomic: nothing appears at `path` until the export is complete."""
 
     @abstractmethod
     def close(self) -> None:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 from pathlib import Path
 from typing import Any, Iterator
 
 from clawr1.core.records import SAMPLE_STATUSES, Step
-from clawr1.datapool.base import UnknownStepError
+from clawr1.datapool.base import EXPORT_FORMATS, ExportFilter, UnknownStepError
 from clawr1.datapool.schema import dumps, next_state_of, row_step
 
 
@@ -147,54 +148,100 @@ def _text_content(content: Any) -> Any:
     return content
 
 
-def export_rows(conn: sqlite3.Connection, rewarded_only: bool) -> Iterator[dict[str, Any]]:
-    """Main turns as TRL conversational prompt/completion rows with their reward and provenance."""
-    where = "AND s.reward IS NOT NULL" if rewarded_only else ""
+# Each optional bound of an ExportFilter and the condition it adds (reward bounds exclude NULL rewards).
+_BOUNDS = (("tenant", "t.tenant = ?"), ("since", "t.created_at >= ?"), ("until", "t.created_at < ?"),
+           ("min_reward", "s.reward >= ?"), ("max_reward", "s.reward <= ?"),
+           ("min_version", "t.policy_version >= ?"), ("max_version", "t.policy_version <= ?"))
+
+# The hint a step trains with, as `hints()` picks it: explicit feedback first, then the latest.
+_HINT = "(SELECT h.text FROM hints h WHERE h.step_id = t.step_id ORDER BY h.source = 'feedback' DESC, h.id DESC LIMIT 1)"
+
+
+def export_rows(conn: sqlite3.Connection, filters: ExportFilter) -> Iterator[dict[str, Any]]:
+    """Main turns as TRL conversational prompt/completion rows with their reward, hint and provenance."""
+    where, params = ["t.turn_type = 'main'"], []
+    for name, condition in _BOUNDS:
+        value = getattr(filters, name)
+        if value is not None:
+            where.append(condition)
+            params.append(value)
+    if filters.rewarded_only:
+        where.append("s.reward IS NOT NULL")
     for row in conn.execute(
             "SELECT t.step_id, t.tenant, t.session_id, t.prompt_id, t.turn_index, t.policy_version, t.messages, "
-            "t.tools, t.text, t.finish_reason, n.messages AS next_messages, s.reward, s.status FROM steps t "
-            "JOIN samples s ON s.step_id = t.step_id LEFT JOIN steps n ON n.step_id = s.next_step_id "
-            f"WHERE t.turn_type = 'main' {where} ORDER BY t.rowid"):
+            "t.tools, t.text, t.finish_reason, t.created_at, n.messages AS next_messages, s.reward, s.status, "
+            f"{_HINT} AS hint FROM steps t JOIN samples s ON s.step_id = t.step_id "
+            f"LEFT JOIN steps n ON n.step_id = s.next_step_id WHERE {' AND '.join(where)} ORDER BY t.rowid", params):
         prompt = [{**m, "content": _text_content(m.get("content"))} for m in json.loads(row["messages"])]
         next_messages = None if row["next_messages"] is None else json.loads(row["next_messages"])
         yield {
             "prompt": prompt,
             "completion": [{"role": "assistant", "content": row["text"]}],
             "reward": row["reward"],
+            "hint": row["hint"],
             "tools": row["tools"],  # JSON text: tool schemas differ per row, a column needs one type
             "step_id": row["step_id"], "tenant": row["tenant"], "session_id": row["session_id"],
             "prompt_id": row["prompt_id"], "turn_index": row["turn_index"],
-            "policy_version": row["policy_version"], "finish_reason": row["finish_reason"],
-            "status": row["status"],
+            "policy_version": row["policy_version"], "created_at": row["created_at"],
+            "finish_reason": row["finish_reason"], "status": row["status"],
             "next_state": None if next_messages is None else dumps(next_state_of(next_messages)),
         }
 
 
-def export(conn: sqlite3.Connection, path: Path, format: str, rewarded_only: bool) -> int:
-    """Write to a temporary file, then rename: a reader never sees half an export."""
-    if format not in ("jsonl", "parquet"):
-        raise ValueError(f"export format must be jsonl or parquet, got {format!r}")
+def export(conn: sqlite3.Connection, path: Path, format: str, filters: ExportFilter) -> int:
+    """Write to a temporary file (or directory), then rename: a reader never sees half an export."""
+    if format not in EXPORT_FORMATS:
+        raise ValueError(f"export format must be jsonl or parquet (a file) or hf (a datasets directory), "
+                         f"got {format!r}")
     path = Path(path)
+    if format == "hf" and path.exists():  # a directory is not overwritten: it may hold anything
+        raise FileExistsError(f"{path} exists; remove it or choose another path for the hf export")
     tmp = path.with_name(path.name + ".tmp")
-    rows = export_rows(conn, rewarded_only)
+    write = {"jsonl": _write_jsonl, "parquet": _write_parquet, "hf": _write_hf}[format]
     try:
-        if format == "jsonl":
-            count = 0
-            with open(tmp, "w", encoding="utf-8") as out:
-                for row in rows:
-                    out.write(json.dumps(row, ensure_ascii=False) + "\n")
-                    count += 1
-        else:
-            try:
-                import pyarrow as pa
-                import pyarrow.parquet as pq
-            except ImportError as error:
-                raise ImportError("parquet export needs pyarrow (pip install pyarrow); jsonl needs nothing") from error
-            table = pa.Table.from_pylist(list(rows))
-            pq.write_table(table, tmp)
-            count = table.num_rows
+        count = write(export_rows(conn, filters), tmp)
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)  # no half-written leftovers; the error itself propagates
+        _remove(tmp)  # no half-written leftovers; the error itself propagates
         raise
     return count
+
+
+def _write_jsonl(rows: Iterator[dict[str, Any]], tmp: Path) -> int:
+    count = 0
+    with open(tmp, "w", encoding="utf-8") as out:
+        for row in rows:
+            out.write(json.dumps(row, ensure_ascii=False) + "\n")
+            count += 1
+    return count
+
+
+def _write_parquet(rows: Iterator[dict[str, Any]], tmp: Path) -> int:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as error:
+        raise ImportError("parquet export needs pyarrow (pip install pyarrow); jsonl needs nothing") from error
+    table = pa.Table.from_pylist(list(rows))
+    pq.write_table(table, tmp)
+    return table.num_rows
+
+
+def _write_hf(rows: Iterator[dict[str, Any]], tmp: Path) -> int:
+    """A `datasets.Dataset.save_to_disk` directory (imported here: the package is an optional extra)."""
+    try:
+        import datasets
+    except ImportError as error:
+        raise ImportError("hf export needs the datasets package: pip install 'clawr1[export]' "
+                          "(jsonl and parquet do not)") from error
+    _remove(tmp)  # left by an export that was killed
+    dataset = datasets.Dataset.from_list(list(rows))
+    dataset.save_to_disk(str(tmp))
+    return dataset.num_rows
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)

@@ -12,14 +12,15 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Iterable
 
 from clawr1.core.config import PoolConfig
 from clawr1.core.records import DEFAULT_TENANT, Hint, Lease, Reward, Step
 from clawr1.datapool import ops, queries
-from clawr1.datapool.base import DataPool
+from clawr1.datapool.base import DataPool, ExportFilter, ExportFormat
 from clawr1.datapool.schema import connect, ensure_schema, step_row
 from clawr1.datapool.writer import GroupCommitWriter, run_each
 
@@ -156,13 +157,16 @@ class SQLitePool(DataPool):
     def show(self, ident: str, tenant: str | None = None) -> dict[str, Any]:
         return self._read(queries.show, ident, tenant)
 
-    def export(self, path: Path, format: Literal["jsonl", "parquet"] = "jsonl", *,
-               rewarded_only: bool = False) -> int:
+    def export(self, path: Path, format: ExportFormat = "jsonl", *, rewarded_only: bool = False,
+               filters: ExportFilter | None = None) -> int:
+        filters = filters or ExportFilter()
+        if rewarded_only:
+            filters = replace(filters, rewarded_only=True)
         # Its own connection: a long export must not hold the lock that stats() needs.
         conn = connect(self.path, self.config)
         conn.row_factory = sqlite3.Row
         try:
-            return _snapshot(conn, queries.export, Path(path), format, rewarded_only)
+            return _snapshot(conn, queries.export, Path(path), format, filters)
         finally:
             conn.close()
 

@@ -30,7 +30,8 @@ def plot_runs(results: list[dict[str, Any]], out: Path) -> Path:
         line, = ax.plot(xs, ys, marker="o", markersize=3, label=f"{result['method']} (live, 3-version mean)")
         if result.get("before") and result.get("after"):
             ax.plot([0, result["reached_version"]], [result["before"]["score"], result["after"]["score"]],
-                    linestyle="--", color=line.get_color(), alpha=0.6, label=f"{result['method']} held-out before/after")
+                    linestyle="none", marker="X", markersize=9, color=line.get_color(), alpha=0.8,
+                    label=f"{result['method']} held-out, before / after")
     ax.set_xlabel("optimizer steps (policy version served)")
     ax.set_ylabel("preference score")
     ax.set_ylim(0, 1.02)

@@ -189,6 +189,7 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
         model_path = resolve_model(config.engine.model, Path(config.data_dir))
     job = MainJob(config, settings, run_dir, model_path)
     started = time.monotonic()
+    client: AsyncOpenAI | None = None
     try:
         with console.status(f"Starting `clawr1 up` on {job.base_url} (log {job.log_path}) ..."):
             await asyncio.to_thread(job.start)
@@ -233,6 +234,8 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
         talk_s = time.monotonic() - talk_started
         after = await measure("after")
     finally:
+        if client is not None:
+            await client.close()  # before the loop ends, or its connections are closed on a dead loop
         await asyncio.to_thread(job.stop)
     metrics = trainer_metrics(run_dir)
     result = {

@@ -30,6 +30,8 @@ from clawr1.engine import adapters
 from clawr1.engine.base import Engine, GenerationStream
 from clawr1.gateway import errors, schema
 from clawr1.gateway.errors import APIError
+from clawr1.gateway.metrics import GatewayMetrics, MetricsMiddleware
+from clawr1.gateway.metrics import router as metrics_router
 from clawr1.gateway.sessions import SESSION_KEY_PREFIX, SessionResolver, Turn, hash_key
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,7 @@ class Gateway:
         self._session_keys: dict[str, tuple[str, str]] = {}  # key sha256 -> (tenant, session id)
         self._tasks: set[asyncio.Task] = set()  # background closes, referenced until done
         self.swaps: list[tuple[float, int, float]] = []  # (when, version, load seconds)
+        self.metrics = GatewayMetrics(self)  # `GET /metrics`; reads the fields above when scraped
 
     # ---- request plumbing -----------------------------------------------------------------
     async def read(self, request: Request, model: type[M]) -> M:
@@ -83,7 +86,10 @@ class Gateway:
         (the gateway then only binds to loopback). A per-session key binds the request to its
         session; an unknown one is refused even without agent keys, so it never lands elsewhere."""
         auth = request.headers.get("authorization", "")
-        token = auth[7:].strip() if auth.startswith("Bearer ") else ""
+        return self.authorize(auth[7:].strip() if auth.startswith("Bearer ") else "")
+
+    def authorize(self, token: str) -> Caller:
+        """`authenticate` for a key taken from elsewhere (the Anthropic route reads `x-api-key`)."""
         if token.startswith(SESSION_KEY_PREFIX):
             bound = self._session_for_key(token)
             if bound is None:
@@ -115,6 +121,10 @@ class Gateway:
             raise APIError(401, "admin routes need the admin key (Authorization: Bearer <admin_key>)",
                            code="invalid_api_key")
 
+    def served_version(self) -> int:
+        """The policy version new requests get (0: the base model)."""
+        return self.engine.adapters().get(POLICY, 0)
+
     def admit(self, steps: int) -> None:
         """Shed load before anything could be lost: the requests in flight plus the pool's queue
         must have room for this request's steps, else 429."""
@@ -134,7 +144,7 @@ class Gateway:
         streams: list[GenerationStream] = []
         try:
             for sampling in samplings:
-                streams.append(self.engine.generate(prompt_ids, sampling, adapter))
+                streams.append(self.metrics.timed(self.engine.generate(prompt_ids, sampling, adapter)))
         except BaseException:
             for stream in streams:
                 stream.cancel()
@@ -162,6 +172,7 @@ class Gateway:
     def record(self, turn: Turn, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                gen: Generation, step_id: str, started: float) -> None:
         """Hand the step to the pool's queue (room was reserved by `admit`); it commits after the reply."""
+        self.metrics.generation_done(gen)
         step = Step(step_id=step_id, tenant=turn.tenant, session_id=turn.session_id, prompt_id=turn.prompt_id,
                     turn_index=turn.turn_index, turn_type=turn.turn_type, messages=messages, tools=tools,
                     prompt_ids=gen.prompt_ids, token_ids=gen.token_ids, logprobs=gen.logprobs, text=gen.text,
@@ -279,7 +290,7 @@ def _log_failure(future: Any, step_id: str) -> None:
 
 
 def create_app(engine: Engine, pool: DataPool, config: Config) -> FastAPI:
-    from clawr1.gateway import chat, completions, lifecycle
+    from clawr1.gateway import anthropic, chat, completions, lifecycle, responses
 
     gateway = Gateway(engine, pool, config)
 
@@ -299,6 +310,7 @@ def create_app(engine: Engine, pool: DataPool, config: Config) -> FastAPI:
     app = FastAPI(title="Claw-R1 gateway", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.gateway = gateway
     errors.install(app)
+    app.add_middleware(MetricsMiddleware, metrics=gateway.metrics)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
@@ -313,4 +325,7 @@ def create_app(engine: Engine, pool: DataPool, config: Config) -> FastAPI:
     app.include_router(chat.router)
     app.include_router(completions.router)
     app.include_router(lifecycle.router)
+    app.include_router(anthropic.router)
+    app.include_router(responses.router)
+    app.include_router(metrics_router)
     return app

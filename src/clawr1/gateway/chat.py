@@ -80,7 +80,7 @@ async def stream_chat(gw: Gateway, req: schema.ChatRequest, stream: GenerationSt
                 visible += event.text
                 if req.logprobs:
                     logprobs.append(schema.token_logprob(gw.engine.tokenizer.decode([event.token_id]), event.logprob))
-                delta = _safe_text(visible, sent, watch_tools)
+                delta = safe_text(visible, sent, watch_tools)
                 if delta:
                     sent += delta
                     lp, logprobs = ({"content": logprobs} if logprobs else None), []
@@ -111,7 +111,7 @@ async def stream_chat(gw: Gateway, req: schema.ChatRequest, stream: GenerationSt
         gw.spawn(gw.settle_stream(turn, req.messages, req.tool_dicts(), stream, f"{cid}-0", started))
 
 
-def _safe_text(visible: str, sent: str, watch_tools: bool) -> str:
+def safe_text(visible: str, sent: str, watch_tools: bool) -> str:
     """New content that is safe to stream: with tools on, nothing from a `<tool_call>` on (and no
     suffix that could start one), since it may turn into a structured tool call at the end."""
     end = len(visible)

@@ -61,8 +61,10 @@ async def serve(config: Config, on_ready: Callable[[int, str], None] | None = No
     app = create_app(engine, pool, config)
     tune_gc()
     jobs = [asyncio.create_task(job) for job in (workers(app.state.gateway) if workers else [])]
+    # log_config=None: uvicorn's records go to the root handler (rich or JSON, secrets redacted)
+    # instead of handlers of its own that would print plain text beside our JSON lines.
     server = uvicorn.Server(uvicorn.Config(app, host=config.gateway.host, port=config.gateway.port,
-                                           log_level="warning", access_log=False))
+                                           log_level="warning", access_log=False, log_config=None))
     try:
         task = asyncio.create_task(server.serve())
         while not server.started and not task.done():

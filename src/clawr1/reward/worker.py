@@ -31,6 +31,7 @@ class RewardWorker:
         self.m = votes_for(config)
         self.want_hint = config.trainer.method != "rl"
         self.counts: collections.Counter[str] = collections.Counter()  # outcomes, hint reasons
+        self.outcomes: collections.Counter[tuple[int, str]] = collections.Counter()  # (score, source): /metrics
 
     async def run(self) -> None:
         """Judge forever (cancel to stop)."""
@@ -70,6 +71,7 @@ class RewardWorker:
                                                                  source=j.source, votes=[float(v) for v in j.votes],
                                                                  evidence=evidence)))
         self.counts[f"score_{j.score:+d}"] += 1
+        self.outcomes[j.score, j.source] += 1
         if j.hint:
             await asyncio.to_thread(self.pool.add_hint, Hint(step_id=step_id, text=j.hint, source=j.source))
             self.counts["hints"] += 1

@@ -1,0 +1,232 @@
+"""`GET /metrics`: the gateway's operational numbers in Prometheus' text format.
+
+One `CollectorRegistry` per app, not the process-global one: tests (and a process that builds a
+second app) would otherwise collide on the metric names. The hot path stays cheap: a request pays
+one pure-ASGI wrapper (not Starlette's BaseHTTPMiddleware, which pipes every response through a
+stream), one counter and one histogram sample on label children cached per (route, status); a
+recorded generation pays three increments; a stream's first token one histogram sample. Labels are
+route templates, status codes and finish reasons, never session ids or paths as sent, so the number
+of series is bounded by the routes. Levels (queues, READY samples, the served version, swaps, judge
+outcomes) are read when scraped, never tracked per request.
+
+Auth: operational data, so `gateway.admin_key` is required when one is set; else one of
+`gateway.api_keys` when those are set; with no keys at all it is open (the gateway then binds
+loopback only). Per-session keys never read it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hmac
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from clawr1.core.config import GatewayConfig
+from clawr1.core.types import Generation, TokenEvent
+from clawr1.gateway.errors import APIError
+
+if TYPE_CHECKING:
+    from clawr1.datapool.base import DataPool
+    from clawr1.engine.base import GenerationStream
+    from clawr1.gateway.app import Gateway
+    from clawr1.reward.worker import RewardWorker
+
+# From a fake backend's ~1 ms to a CPU model's minutes-long reply.
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+UNMATCHED = "unmatched"  # requests no route matched share one label, whatever path they named
+
+router = APIRouter()
+
+
+class GatewayMetrics:
+    """The metrics of one gateway: counters updated as requests are served, levels read at scrape."""
+
+    def __init__(self, gateway: Gateway):
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("clawr1_requests", "HTTP requests answered, by route template and status code",
+                                ["route", "status"], registry=r)
+        self.duration = Histogram("clawr1_request_duration_seconds", "Time from a request's arrival to the "
+                                  "last byte of its response (streams included)", ["route"], buckets=BUCKETS,
+                                  registry=r)
+        self.ttft = Histogram("clawr1_time_to_first_token_seconds", "Time from admission to a generation's "
+                              "first sampled token (engine queue + prefill), streamed or not", buckets=BUCKETS,
+                              registry=r)
+        self.prompt_tokens = Counter("clawr1_prompt_tokens", "Prompt tokens of finished generations (each of "
+                                     "n choices counts its prompt: each is prefilled)", registry=r)
+        self.completion_tokens = Counter("clawr1_completion_tokens", "Tokens sampled by finished generations",
+                                         registry=r)
+        self.generations = Counter("clawr1_generations", "Finished generations handed to the pool, by finish "
+                                   "reason (aborted: client gone or timed out)", ["finish_reason"], registry=r)
+        self.ready = Gauge("clawr1_pool_ready_samples", "READY samples waiting for the trainer", registry=r)
+        self.ready_age = Gauge("clawr1_pool_oldest_ready_age_seconds", "How long the oldest READY sample has "
+                               "waited (0 when none)", registry=r)
+        self.judges: list[RewardWorker] = []
+        r.register(_Levels(gateway, self.judges))
+        self._requests: dict[tuple[str, int], tuple[Any, Any]] = {}  # cached label children
+        self._finished: dict[str, Any] = {}
+
+    def watch_judge(self, worker: RewardWorker) -> None:
+        """Export this reward worker's outcomes (it runs beside the gateway under `clawr1 up`)."""
+        self.judges.append(worker)
+
+    def request_done(self, route: str, status: int, seconds: float) -> None:
+        children = self._requests.get((route, status))
+        if children is None:
+            children = self._requests[route, status] = (self.requests.labels(route, str(status)),
+                                                        self.duration.labels(route))
+        children[0].inc()
+        children[1].observe(seconds)
+
+    def generation_done(self, gen: Generation) -> None:
+        reason = gen.finish_reason or "aborted"
+        child = self._finished.get(reason)
+        if child is None:
+            child = self._finished[reason] = self.generations.labels(reason)
+        child.inc()
+        self.prompt_tokens.inc(len(gen.prompt_ids))
+        self.completion_tokens.inc(len(gen.token_ids))
+
+    def timed(self, stream: GenerationStream) -> TimedStream:
+        return TimedStream(stream, self.ttft, time.perf_counter())
+
+    def refresh_pool(self, pool: DataPool) -> None:
+        """The pool's levels that need a read (called off the event loop, once per scrape)."""
+        count, oldest = pool.ready_state()
+        self.ready.set(count)
+        self.ready_age.set(0.0 if oldest is None else max(0.0, time.time() - oldest))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Levels(Collector):
+    """Read at scrape time from the gateway and the reward workers: nothing per request."""
+
+    def __init__(self, gateway: Gateway, judges: list[RewardWorker]):
+        self.gateway, self.judges = gateway, judges
+
+    def collect(self) -> Iterator[Metric]:
+        gw = self.gateway
+        yield GaugeMetricFamily("clawr1_gateway_inflight", "Generations admitted and not yet handed to the pool "
+                                "(waiting in the engine queue, decoding, or being recorded)", value=gw.pending)
+        yield GaugeMetricFamily("clawr1_pool_pending_writes", "Pool writes queued and not yet committed",
+                                value=gw.pool.pending_writes())
+        yield GaugeMetricFamily("clawr1_policy_version", "Policy version new requests are served by "
+                                "(0: the base model)", value=gw.served_version())
+        yield CounterMetricFamily("clawr1_policy_swaps", "Published policy versions loaded and swapped in",
+                                  value=len(gw.swaps))
+        yield CounterMetricFamily("clawr1_policy_swap_load_seconds", "Time spent loading swapped-in versions",
+                                  value=sum(seconds for _, _, seconds in gw.swaps))
+        outcomes: collections.Counter[tuple[int, str]] = collections.Counter()
+        counts: collections.Counter[str] = collections.Counter()
+        for worker in self.judges:
+            outcomes.update(worker.outcomes)
+            counts.update(worker.counts)
+        judged = CounterMetricFamily("clawr1_judge_outcomes", "Turns the reward worker judged, by score and "
+                                     "by who decided (rule, judge, classifier)", labels=["score", "source"])
+        for (score, source), n in sorted(outcomes.items()):
+            judged.add_metric([str(score), source], n)
+        yield judged
+        hints = CounterMetricFamily("clawr1_judge_hints", "Hint extraction results: accepted, or why none",
+                                    labels=["result"])
+        hints.add_metric(["accepted"], counts["hints"])
+        for key, n in sorted(counts.items()):
+            if key.startswith("no_hint_"):
+                hints.add_metric([key.removeprefix("no_hint_")], n)
+        yield hints
+        yield CounterMetricFamily("clawr1_judge_errors", "Judge calls that failed (retried later)",
+                                  value=counts["judge_errors"])
+
+
+class TimedStream:
+    """A GenerationStream that times its first token. Until then `__anext__` goes through one extra
+    coroutine; after it every call is handed straight to the engine's stream."""
+
+    __slots__ = ("_inner", "_since", "_ttft", "version")
+
+    def __init__(self, inner: GenerationStream, ttft: Histogram, since: float):
+        self._inner, self._ttft, self._since = inner, ttft, since
+        self.version = inner.version
+
+    @property
+    def generation(self) -> Generation | None:
+        return self._inner.generation  # type: ignore[attr-defined]  # set by the engine's stream at its end
+
+    def __aiter__(self) -> TimedStream:
+        return self
+
+    def __anext__(self) -> Any:
+        if self._since is None:
+            return self._inner.__anext__()
+        return self._first()
+
+    async def _first(self) -> TokenEvent:
+        event = await self._inner.__anext__()
+        self._ttft.observe(time.perf_counter() - self._since)
+        self._since = None
+        return event
+
+    async def final(self) -> Generation:
+        if self._since is not None:
+            try:
+                await self._first()
+            except StopAsyncIteration:  # ended (cancelled) before any token: there is nothing to time
+                pass
+        return await self._inner.final()
+
+    def cancel(self) -> None:
+        self._inner.cancel()
+
+
+class MetricsMiddleware:
+    """Counts every HTTP request by route template and status, and times it to its last byte."""
+
+    def __init__(self, app: Any, metrics: GatewayMetrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500  # an exception that escapes the app is answered 500 by the outermost layer
+
+        async def send_status(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = scope.get("route")  # set by the router when a route matched: its template
+            self.metrics.request_done(route.path if route is not None else UNMATCHED, status,
+                                      time.perf_counter() - started)
+
+
+def authorize(config: GatewayConfig, request: Request) -> None:
+    """The admin key when one is set, else an agent key when those are set, else open (loopback)."""
+    allowed = [config.admin_key] if config.admin_key is not None else config.api_keys
+    if not allowed:
+        return
+    auth = request.headers.get("authorization", "")
+    token = (auth[7:].strip() if auth.startswith("Bearer ") else "").encode()
+    if not any(hmac.compare_digest(token, key.encode()) for key in allowed):
+        which = "the admin key" if config.admin_key is not None else "an API key"
+        raise APIError(401, f"/metrics needs {which} (Authorization: Bearer <key>)", code="invalid_api_key")
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    authorize(gw.config.gateway, request)
+    await asyncio.to_thread(gw.metrics.refresh_pool, gw.pool)
+    return Response(gw.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,197 @@
+"""The OpenAI Responses wire format, translated to and from the chat shape that the engine renders
+and the pool stores.
+
+In: `instructions` becomes the first system message; message items keep their role (`developer` is
+rendered as system, as in chat) with their `input_text`/`output_text` parts as text; consecutive
+`function_call` items join the assistant message before them as its `tool_calls` (so a replayed
+`response.output` is the very reply the matcher learnt); `function_call_output` items become `tool`
+messages. Out: content becomes a `message` item with one `output_text` part, tool calls become
+`function_call` items.
+
+Stateless: `previous_response_id`, `conversation` and `background` are refused with 400 (nothing is
+kept to continue from; send the whole conversation in `input`, and history matching still joins a
+stock client's turns into one session). Unknown fields (`store`, `text`, `reasoning`, `metadata`,
+`parallel_tool_calls`, ...) are ignored, as chat ignores what it does not read.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from clawr1.core.types import Generation, ParsedCompletion, SamplingParams
+from clawr1.gateway.errors import APIError
+from clawr1.gateway.translated import text_content
+
+TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+class FunctionTool(BaseModel):
+    """The Responses API's flat function tool (`{"type": "function", "name", ...}`)."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str = Field(min_length=1)
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Any = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    stream: bool = False
+    previous_response_id: str | None = None
+    conversation: Any = None
+    background: bool | None = None
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _input(cls, value: Any) -> Any:
+        if not value or not isinstance(value, (str, list)):
+            raise ValueError("input must be a non-empty string or array of input items")
+        return value
+
+    def refuse_state(self) -> None:
+        """The stateful parts of the API: this gateway keeps no responses to continue from."""
+        for name in ("previous_response_id", "conversation", "background"):
+            if getattr(self, name):
+                raise APIError(400, f"{name} is not supported: this gateway is stateless; send the whole "
+                                    "conversation in `input` (its turns still join one session)",
+                               param=name, code="unsupported_parameter")
+
+    def sampling(self, default_max_tokens: int) -> SamplingParams:
+        return SamplingParams(max_tokens=self.max_output_tokens or default_max_tokens,
+                              temperature=1.0 if self.temperature is None else self.temperature,
+                              top_p=1.0 if self.top_p is None else self.top_p)
+
+    def chat_tools(self) -> list[dict[str, Any]] | None:
+        """Chat-shaped tools, or None with `tool_choice: "none"`; other choices render like `auto`
+        (the engine cannot force a call, as with chat's `required`)."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [{"type": "function", "function": t.model_dump(exclude_none=True, exclude={"type", "strict"})}
+                for t in self.tools]
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        items = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
+        for i, item in enumerate(items):
+            where = f"input.{i}"
+            kind = item.get("type", "message") if isinstance(item, dict) else None
+            if kind == "message":
+                role = item.get("role")
+                if role not in ("user", "assistant", "system", "developer"):
+                    raise _bad(f"{where}.role must be user, assistant, system or developer, got {role!r}",
+                               f"{where}.role")
+                out.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
+            elif kind == "function_call":
+                function = {"name": _string(item, "name", where), "arguments": _string(item, "arguments", where)}
+                call = {"id": _string(item, "call_id", where), "type": "function", "function": function}
+                if out and out[-1]["role"] == "assistant":
+                    out[-1].setdefault("tool_calls", []).append(call)
+                else:
+                    out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            elif kind == "function_call_output":
+                out.append({"role": "tool", "tool_call_id": _string(item, "call_id", where),
+                            "content": _text(item.get("output"), f"{where}.output") or ""})
+            else:
+                raise _bad(f"{where}.type {kind!r} is not supported (message, function_call and "
+                           "function_call_output items, text only)", f"{where}.type")
+        return out
+
+
+def _text(content: Any, where: str) -> str | list[dict[str, str]] | None:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _bad(f"{where} must be a string or an array of text parts", where)
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
+            raise _bad(f"{where}.{j}: content part of type {kind!r} is not supported by a text model "
+                       "(input_text / output_text)", f"{where}.{j}")
+        texts.append(part["text"])
+    return text_content(texts)
+
+
+def _string(item: dict[str, Any], name: str, where: str) -> str:
+    if not isinstance(item.get(name), str):
+        raise _bad(f"{where}.{name} must be a string", f"{where}.{name}")
+    return item[name]
+
+
+def _bad(message: str, param: str) -> APIError:
+    return APIError(400, message, param=param, code="invalid_value")
+
+
+# ---- out ------------------------------------------------------------------------------------
+def status(gen: Generation, parsed: ParsedCompletion) -> str:
+    """`incomplete` when `max_output_tokens` cut the reply (tool calls win, as in chat's finish)."""
+    return "incomplete" if gen.finish_reason == "length" and not parsed.tool_calls else "completed"
+
+
+def message_item(item_id: str, text: str, state: str) -> dict[str, Any]:
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return {"type": "message", "id": item_id, "status": state, "role": "assistant", "content": [part]}
+
+
+def function_call_items(rid: str, parsed: ParsedCompletion, first_index: int) -> list[dict[str, Any]]:
+    return [{"type": "function_call", "id": f"fc_{rid.removeprefix('resp_')}_{first_index + i}", "call_id": c.id,
+             "name": c.name, "arguments": c.arguments, "status": "completed"} for i, c in enumerate(parsed.tool_calls)]
+
+
+def output_items(rid: str, gen: Generation, parsed: ParsedCompletion) -> list[dict[str, Any]]:
+    """A message item (always, unless the reply is only tool calls), then one item per call."""
+    items = []
+    if parsed.content or not parsed.tool_calls:
+        items.append(message_item(message_id(rid), parsed.content or "", status(gen, parsed)))
+    return items + function_call_items(rid, parsed, len(items))
+
+
+def message_id(rid: str) -> str:
+    return "msg_" + rid.removeprefix("resp_")
+
+
+def usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
+    return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": input_tokens + output_tokens}
+
+
+def response_object(rid: str, req: ResponsesRequest, created_at: int, state: str, output: list[dict[str, Any]],
+                    usage_: dict[str, Any] | None, error: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The response object (also the body of the lifecycle events); `store` is false: nothing is
+    kept to retrieve or continue from."""
+    return {
+        "id": rid, "object": "response", "created_at": created_at, "status": state, "error": error,
+        "incomplete_details": {"reason": "max_output_tokens"} if state == "incomplete" else None,
+        "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "model": req.model,
+        "output": output, "parallel_tool_calls": True, "previous_response_id": None, "store": False,
+        "temperature": 1.0 if req.temperature is None else req.temperature,
+        "top_p": 1.0 if req.top_p is None else req.top_p, "tool_choice": req.tool_choice or "auto",
+        "tools": [t.model_dump(exclude_none=True) for t in req.tools or []], "text": {"format": {"type": "text"}},
+        "truncation": "disabled", "metadata": {}, "usage": usage_,
+    }
+
+
+class Events:
+    """SSE events with the `sequence_number` every Responses event carries."""
+
+    def __init__(self) -> None:
+        self.sequence = 0
+
+    def __call__(self, kind: str, /, **body: Any) -> str:
+        data = {"type": kind, "sequence_number": self.sequence, **body}
+        self.sequence += 1
+        return f"event: {kind}\ndata: " + json.dumps(data, separators=(",", ":")) + "\n\n"
