@@ -31,7 +31,7 @@ from rich.table import Table
 
 from clawr1.core.config import Config, to_toml
 from clawr1.demo.evaluate import EvalResult, evaluate
-from clawr1.demo.users import PREFERENCES, SimulatedUser, make_users
+from clawr1.demo.users import HELD_OUT, PREFERENCES, SimulatedUser, make_users
 
 
 class DemoSettings(BaseModel):
@@ -200,8 +200,6 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
             if not settings.eval_questions:
                 return None
             with console.status(f"Evaluating the served version on held-out prompts ({label}) ..."):
-                from clawr1.demo.users import HELD_OUT
-
                 result = await evaluate(client, eval_users, max_tokens=settings.max_tokens,
                                         temperature=settings.temperature, seed=settings.seed,
                                         questions=HELD_OUT[: settings.eval_questions])
@@ -223,8 +221,8 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
                         raise task.exception()
                 live.update(Group(live_table(board, trainer_metrics(run_dir), settings, started)))
                 if not console.is_terminal and board.latest() > shown:  # a log file gets one line per version
-                    shown = board.latest()
-                    row = board.per_version()[-2]
+                    shown, rows = board.latest(), board.per_version()
+                    row = rows[-2] if len(rows) > 1 else rows[-1]
                     console.print(f"[{time.monotonic() - started:.0f} s] serving v{shown}; "
                                   f"v{row['version']} scored {row['score']:.2f} over {row['replies']} replies")
                 await asyncio.sleep(1.0)
