@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
-from clawr1.core.config import EnvsConfig
-from clawr1.envs.base import Task
-from clawr1.envs.sandbox import Sandbox, SandboxResult
-from clawr1.envs.tools import ToolEnv, ToolError, function_tool, inside, write_files
+from clawr1.envs.sandbox import SandboxResult
+from clawr1.envs.sandboxed import SandboxEnv
+from clawr1.envs.tools import ToolError, function_tool, inside, write_files
 
 TEST_COMMAND = "python3 -B -I -m unittest"
 _PATH = {"type": "string", "description": "File path relative to the repository root, e.g. `mathutil.py`.",
@@ -45,26 +43,12 @@ def tests_passed(result: SandboxResult) -> bool:
             and re.search(r"^OK\b", result.stderr, flags=re.MULTILINE) is not None)
 
 
-class SWEEnv(ToolEnv):
+class SWEEnv(SandboxEnv):
     name = "swe"
+    TOOLS = _TOOLS
     system = ("You are a software engineer fixing a bug in a small Python repository. Use read_file to read "
               "code, replace_in_file or write_file to change it, and run_tests to run the unit tests. When the "
               "tests pass, reply with a short summary and no tool call.")
-
-    def __init__(self, config: EnvsConfig | None = None):
-        self.config = config or EnvsConfig()
-        self._sandbox: Sandbox | None = None
-        self._task: Task | None = None
-
-    def tools(self) -> list[dict[str, Any]]:
-        return _TOOLS
-
-    def reset(self, task: Task) -> str:
-        self.close()
-        self._sandbox = Sandbox(limits=self.config)
-        write_files(self._sandbox.workdir, task.files)
-        self._task = task
-        return task.prompt
 
     def tool_read_file(self, path: str) -> str:
         file = inside(self._box().workdir, path)
@@ -99,26 +83,10 @@ class SWEEnv(ToolEnv):
         return self._box().run(TEST_COMMAND).message()
 
     def outcome(self, final_answer: str | None = None) -> float:
-        if self._task is None:
-            raise RuntimeError("outcome() before reset()")
-        box = self._box()
-        tests = {k: v for k, v in self._task.files.items() if Path(k).name.startswith("test")}
+        task, box = self._started()
+        tests = {k: v for k, v in task.files.items() if Path(k).name.startswith("test")}
         for rel in tests:  # a planted symlink would make the restore write elsewhere: replace it
             if (box.workdir / rel).is_symlink():
                 (box.workdir / rel).unlink()
         write_files(box.workdir, tests)
         return 1.0 if tests_passed(box.run(TEST_COMMAND)) else -1.0
-
-    def close(self) -> None:
-        if self._sandbox is not None:
-            self._sandbox.close()
-            self._sandbox = None
-
-    @property
-    def workdir(self) -> Path | None:
-        return self._sandbox.workdir if self._sandbox else None
-
-    def _box(self) -> Sandbox:
-        if self._sandbox is None:
-            raise RuntimeError("the env has no workspace: call reset() first")
-        return self._sandbox
