@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import uvicorn
 
 from clawr1.core.config import load_config
@@ -60,3 +63,21 @@ def steps_of(pool: SQLitePool, count: int, timeout: float = 10.0):
     wait_for(lambda: pool.stats()["steps"] >= count, timeout, f"{count} steps")
     ids = [t["step_id"] for s in pool.sessions(limit=1000) for t in pool.show(s["session_id"])["steps"]]
     return pool.get_steps(ids)
+
+
+def healthy(base: str) -> bool:
+    """True once a gateway at `base` answers `/healthz`."""
+    try:
+        return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def interrupt(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Ctrl+C a `clawr1` process and wait for its clean exit; kill it if it does not come."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -78,6 +78,26 @@ def test_steps_publish_versions_and_change_the_lora(tiny_model_dir, tmp_path, ge
         assert list((tmp_path / "trainer" / "tensorboard").glob("events.out.tfevents.*"))
 
 
+def test_wandb_run_mirrors_the_metrics_and_resumes_under_one_id(tiny_model_dir, tmp_path, generations, monkeypatch):
+    pytest.importorskip("wandb", reason="pip install wandb (a test dependency)")
+    monkeypatch.setenv("WANDB_MODE", "offline")  # a real run, written locally: no account, no network
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    config = config_for(tiny_model_dir, tmp_path, 'trainer.wandb_project="clawr1-test"',
+                        'gateway.admin_key="secret-admin-key-123"')
+    with SQLitePool(tmp_path, config.pool) as pool:
+        fill(pool, generations)
+        for _ in range(2):  # two trainer lives, one run
+            trainer = Trainer(config, pool)
+            assert trainer.run_once() is not None
+            trainer.close()
+    runs = list((tmp_path / "trainer" / "wandb").glob("offline-run-*/run-*.wandb"))
+    run_id = (tmp_path / "trainer" / "wandb-run-id").read_text()
+    assert len(runs) == 2 and all(run.name == f"run-{run_id}.wandb" for run in runs)
+    logged = b"".join(run.read_bytes() for run in runs)
+    assert b"trainer/loss" in logged and b"trainer/reward_mean" in logged and b"lora_rank" in logged
+    assert b"secret-admin-key-123" not in logged  # the run's config never carries a key
+
+
 def _losses(trainer, n):
     return [trainer.run_once()["loss"] for _ in range(n)]
 

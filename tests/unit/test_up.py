@@ -12,7 +12,7 @@ import time
 
 import httpx
 
-from tests.gateway_helpers import free_port, wait_for
+from tests.gateway_helpers import free_port, healthy, interrupt, wait_for
 
 
 def ask(base: str, content: str, session: str | None = None, **extra) -> dict:
@@ -31,7 +31,7 @@ def test_up_learns_from_corrections_and_swaps_without_a_failed_request(tiny_mode
            "--set", "gateway.adapter_poll_s=0.2", "--set", 'reward.judge="llm"', "--set", "trainer.lr=0.01"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "CLAWR1_DATA_DIR": ""})
     try:
-        wait_for(lambda: _healthy(base), timeout=120, what="clawr1 up to serve")
+        wait_for(lambda: healthy(base), timeout=120, what="clawr1 up to serve")
         probe = {"temperature": 0, "logprobs": True}
         before = ask(base, "Fixed probe prompt.", **probe)
         assert before["system_fingerprint"] == "clawr1-v0"
@@ -65,12 +65,7 @@ def test_up_learns_from_corrections_and_swaps_without_a_failed_request(tiny_mode
                                 str(tmp_path)], capture_output=True, text=True, check=True).stdout
         assert '"versions": ' in stats and '"versions": 0' not in stats
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+        interrupt(proc)
     assert proc.returncode == 0, proc.stderr.read()[-2000:]
 
 
@@ -78,8 +73,30 @@ def _logprobs(reply: dict) -> list[float]:
     return [c["logprob"] for c in reply["choices"][0]["logprobs"]["content"]]
 
 
-def _healthy(base: str) -> bool:
+
+def test_sigterm_stops_up_and_its_trainer(tiny_model_dir, tmp_path):
+    """`kill <pid>` (what a service manager sends) must not orphan the trainer process."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "clawr1.cli.main", "up", "--model", str(tiny_model_dir),
+                             "--data-dir", str(tmp_path), "--port", str(port)], stderr=subprocess.DEVNULL,
+                            env={**os.environ, "CLAWR1_DATA_DIR": ""})
     try:
-        return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
+        wait_for(lambda: healthy(f"http://127.0.0.1:{port}"), timeout=120, what="clawr1 up to serve")
+        children = wait_for(lambda: _children(proc.pid), timeout=30, what="the trainer process")
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    for child in children:
+        wait_for(lambda c=child: not os.path.exists(f"/proc/{c}") or _zombie(c), timeout=40, what=f"trainer {child} to exit")
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
+def _zombie(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(") ")[1].startswith("Z")

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import signal
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
@@ -15,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clawr1.cli import export as export_cli
+from clawr1.cli import openclaw as openclaw_cli
 from clawr1.core.config import Config, load_config, to_toml
 from clawr1.core.types import EngineError, SamplingParams
 
@@ -85,7 +87,7 @@ def cmd_chat(args: argparse.Namespace, config: Config) -> int:
             stream = engine.generate(engine.render(messages), sampling)
             async for event in stream:
                 console.out(event.text, end="", highlight=False)
-            gen = stream.generation
+            gen = await stream.final()
             console.out("")
             err_console.print(f"[dim]{len(gen.token_ids)} tokens, finish={gen.finish_reason}, "
                               f"policy version v{gen.version}[/dim]")
@@ -101,8 +103,10 @@ def cmd_serve(args: argparse.Namespace, config: Config) -> int:
 
     def ready(port: int, note: str) -> None:
         url = f"http://{config.gateway.host}:{port}/v1"
+        board = f"http://{config.gateway.host}:{port}/dashboard"
         say(config, f"[green]Claw-R1 gateway[/green] on {url} (model {config.engine.model}, data {config.data_dir}); "
-            f"{note}", f"gateway on {url}; {note}", url=url, model=config.engine.model, data_dir=config.data_dir)
+            f"dashboard {board}; {note}", f"gateway on {url}; {note}", url=url, dashboard=board,
+            model=config.engine.model, data_dir=config.data_dir)
 
     try:
         asyncio.run(serve(config, on_ready=ready))
@@ -115,7 +119,6 @@ def cmd_serve(args: argparse.Namespace, config: Config) -> int:
 
 
 def cmd_train(args: argparse.Namespace, config: Config) -> int:
-    import signal
     import threading
 
     from clawr1.datapool import SQLitePool
@@ -146,6 +149,8 @@ def cmd_train(args: argparse.Namespace, config: Config) -> int:
                     f"published policy v{metrics['version']}", metrics=metrics)
         except KeyboardInterrupt:
             pass
+        finally:
+            trainer.close()  # flush TensorBoard, finish the W&B run
     return 0
 
 
@@ -162,6 +167,9 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
     except UnsafeBindError as exc:
         err_console.print(f"[red]error:[/red] {exc}")
         return 2
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises it with the handler it found: the
+    # default one would end this process before the `finally` below stops the trainer, orphaning it.
+    signal.signal(signal.SIGTERM, _interrupt)
     # The trainer is its own process (it never competes with serving for the GIL); it gets the
     # same resolved config. Secrets are redacted in TOML, and the trainer needs none of them.
     run_dir = Path(config.data_dir) / "run"
@@ -172,9 +180,11 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
 
     def ready(port: int, note: str) -> None:
         url = f"http://{config.gateway.host}:{port}/v1"
+        board = f"http://{config.gateway.host}:{port}/dashboard"
         say(config, f"[green]Claw-R1[/green] serving on {url} (model {config.engine.model}); judge + trainer "
-            f"({config.trainer.method}) running; trainer log {log_path}; {note}", f"serving on {url}; {note}",
-            url=url, model=config.engine.model, method=config.trainer.method, trainer_log=log_path)
+            f"({config.trainer.method}) running; dashboard {board}; trainer log {log_path}; {note}",
+            f"serving on {url}; {note}", url=url, dashboard=board, model=config.engine.model,
+            method=config.trainer.method, trainer_log=log_path)
 
     def jobs(gw: Gateway) -> list[Coroutine[Any, Any, None]]:
         worker = RewardWorker(gw.pool, gw.engine, config)
@@ -213,6 +223,10 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
                 trainer.kill()  # crash-safe by design: the lease expires and comes back
             Path(f.name).unlink(missing_ok=True)
     return 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def cmd_demo(args: argparse.Namespace, config: Config) -> int:
@@ -503,6 +517,13 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     export_cli.add_arguments(p)
     p.set_defaults(fn=export_cli.cmd_export)
+
+    p = sub.add_parser("openclaw-config", help="an openclaw.json that points the real OpenClaw at this gateway")
+    _common(p)
+    p.add_argument("--host", help="the gateway's address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="the gateway's port (default 8000)")
+    openclaw_cli.add_arguments(p)
+    p.set_defaults(fn=openclaw_cli.cmd_openclaw_config)
 
     p = sub.add_parser("bench", help="benchmarks that print side-by-side ratios")
     _common(p)

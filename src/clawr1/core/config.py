@@ -242,6 +242,10 @@ class TrainerConfig(_Section):
     poll_s: float = Field(0.5, gt=0, le=60)
     """How often an idle trainer looks for READY samples."""
 
+    wandb_project: str | None = Field(None, min_length=1, max_length=128)
+    """Also log each version's metrics to this Weights & Biases project (needs `pip install wandb`
+    and `wandb login`, or `WANDB_MODE=offline`); unset: the JSONL log and TensorBoard only."""
+
 
 class EnvsConfig(_Section):
     wall_s: float = Field(10.0, gt=0, le=3600)
@@ -300,6 +304,16 @@ class Config(_Section):
 
     envs: EnvsConfig = Field(default_factory=EnvsConfig)
     """Agent environments: sandbox limits and episode length."""
+
+
+def public_dump(config: Config) -> dict[str, Any]:
+    """The config as plain data with every secret left out (for a run tracker's record of the run)."""
+    data = config.model_dump(mode="json")
+    for section in data.values():
+        if isinstance(section, dict):
+            for key in SECRET_FIELDS & section.keys():
+                del section[key]
+    return data
 
 
 def _parse_value(raw: str) -> Any:

@@ -213,11 +213,28 @@ class DataPool(ABC):
 
     @abstractmethod
     def stats(self) -> dict[str, Any]:
-        """Counts: sessions, steps, rewards, hints, samples by status, drops by reason, leases."""
+        """Counts: sessions, steps, rewards, hints, samples by status, drops by reason, leases; and
+        `db_bytes`, the pool's size on disk."""
 
     @abstractmethod
     def sessions(self, limit: int = 100) -> list[dict[str, Any]]:
         """The most recently active sessions, newest first."""
+
+    @abstractmethod
+    def samples(self, limit: int = 50, status: str | None = None, tenant: str | None = None) -> list[dict[str, Any]]:
+        """The most recently changed samples (the training queue), newest first: step, session, turn,
+        version, status, reward, weight, reason (why dropped or down-weighted), lease, times."""
+
+    @abstractmethod
+    def versions(self, tenant: str | None = None) -> list[dict[str, Any]]:
+        """Per policy version that served main turns, oldest first: `version`, `turns` served,
+        `rewarded`, `mean_reward`, `approved` (reward > 0), `corrected` (reward < 0), and
+        `first_served_at` (when its first reply, of any tenant, was recorded)."""
+
+    @abstractmethod
+    def lease_ready_times(self, lease_ids: Iterable[str]) -> dict[str, list[float]]:
+        """For each lease, when each of its samples became READY (its reward arrived): with the
+        trainer's lease-to-version log this gives the feedback-to-serving latency."""
 
     @abstractmethod
     def show(self, ident: str, tenant: str | None = None) -> dict[str, Any]:

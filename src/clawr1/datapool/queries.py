@@ -52,6 +52,40 @@ def sessions(conn: sqlite3.Connection, limit: int) -> list[dict[str, Any]]:
     return [dict(row) for row in rows]
 
 
+def samples(conn: sqlite3.Connection, limit: int, status: str | None, tenant: str | None) -> list[dict[str, Any]]:
+    if status is not None and status not in SAMPLE_STATUSES:
+        raise ValueError(f"sample status must be one of {', '.join(SAMPLE_STATUSES)}, got {status!r}")
+    rows = conn.execute(
+        "SELECT step_id, tenant, session_id, turn_index, policy_version, status, reward, weight, reason, lease_id, "
+        "ready_at, updated_at FROM samples WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR tenant = ?2) "
+        "ORDER BY updated_at DESC LIMIT ?3", (status, tenant, limit)).fetchall()
+    return [dict(row) for row in rows]
+
+
+def versions(conn: sqlite3.Connection, tenant: str | None) -> list[dict[str, Any]]:
+    rows = conn.execute(
+        "SELECT policy_version AS version, count(*) AS turns, count(reward) AS rewarded, avg(reward) AS mean_reward, "
+        "coalesce(sum(reward > 0), 0) AS approved, coalesce(sum(reward < 0), 0) AS corrected FROM samples "
+        "WHERE ?1 IS NULL OR tenant = ?1 GROUP BY policy_version ORDER BY policy_version", (tenant,)).fetchall()
+    # min() per group on the (policy_version, created_at) index: one seek per version, no row scan.
+    first = dict(conn.execute("SELECT policy_version, min(created_at) FROM steps GROUP BY policy_version").fetchall())
+    served = {row["version"]: dict(row) for row in rows}
+    empty = {"turns": 0, "rewarded": 0, "mean_reward": None, "approved": 0, "corrected": 0}
+    # A version that served only side turns (or other tenants) still has its first reply.
+    return [{**served.get(v, empty), "version": v, "first_served_at": first.get(v)}
+            for v in sorted(first.keys() | served.keys())]
+
+
+def lease_ready_times(conn: sqlite3.Connection, lease_ids: list[str]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {lease: [] for lease in lease_ids}
+    for start in range(0, len(lease_ids), 500):
+        chunk = lease_ids[start:start + 500]
+        for lease, ready_at in conn.execute(f"SELECT lease_id, ready_at FROM samples WHERE lease_id IN "
+                                            f"({', '.join('?' * len(chunk))}) AND ready_at IS NOT NULL", chunk):
+            out[lease].append(ready_at)
+    return out
+
+
 # A step with the messages of the next main turn it is linked to (its next state comes from them).
 _STEP_WITH_NEXT = """SELECT t.*, s.next_step_id, n.messages AS next_messages FROM steps t
 LEFT JOIN samples s ON s.step_id = t.step_id LEFT JOIN steps n ON n.step_id = s.next_step_id"""
@@ -136,6 +170,16 @@ def show(conn: sqlite3.Connection, ident: str, tenant: str | None) -> dict[str, 
         "SELECT t.step_id, t.turn_index, t.turn_type, t.policy_version, t.finish_reason, t.text, s.next_step_id, "
         "s.status, s.reward, s.reason FROM steps t LEFT JOIN samples s ON s.step_id = t.step_id "
         "WHERE t.tenant = ? AND t.session_id = ? ORDER BY t.turn_index, t.created_at", key)]
+    # Every turn's rewards (votes, evidence) and hints, so one read explains the whole session.
+    judged: dict[str, dict[str, list]] = {t["step_id"]: {"rewards": [], "hints": []} for t in session["steps"]}
+    for r in conn.execute("SELECT r.* FROM rewards r JOIN steps t ON t.step_id = r.step_id "
+                          "WHERE t.tenant = ? AND t.session_id = ? ORDER BY r.id", key):
+        judged[r["step_id"]]["rewards"].append({**dict(r), "votes": json.loads(r["votes"])})
+    for h in conn.execute("SELECT h.* FROM hints h JOIN steps t ON t.step_id = h.step_id "
+                          "WHERE t.tenant = ? AND t.session_id = ? ORDER BY h.id", key):
+        judged[h["step_id"]]["hints"].append(dict(h))
+    for turn in session["steps"]:
+        turn.update(judged[turn["step_id"]])
     session["events"] = [{**dict(r), "data": json.loads(r["data"])} for r in conn.execute(
         "SELECT kind, data, created_at FROM events WHERE tenant = ? AND session_id = ? ORDER BY id", key)]
     return {"kind": "session", **session}

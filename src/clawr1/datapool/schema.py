@@ -45,6 +45,9 @@ CREATE TABLE IF NOT EXISTS steps (
 );
 -- Steps are never updated: per-sample state lives in the small `samples` rows.
 CREATE INDEX IF NOT EXISTS steps_by_session ON steps (tenant, session_id, turn_index);
+-- When each policy version first answered (the dashboard's feedback-to-serving latency): an index
+-- lookup per version instead of a scan of the big step rows.
+CREATE INDEX IF NOT EXISTS steps_by_version ON steps (policy_version, created_at);
 
 CREATE TABLE IF NOT EXISTS sessions (
     tenant TEXT NOT NULL,

@@ -149,10 +149,20 @@ class SQLitePool(DataPool):
         return self._writer.pending()
 
     def stats(self) -> dict[str, Any]:
-        return self._read(queries.stats)
+        files = (self.path, self.path.with_name(self.path.name + "-wal"))
+        return {**self._read(queries.stats), "db_bytes": sum(f.stat().st_size for f in files if f.exists())}
 
     def sessions(self, limit: int = 100) -> list[dict[str, Any]]:
         return self._read(queries.sessions, limit)
+
+    def samples(self, limit: int = 50, status: str | None = None, tenant: str | None = None) -> list[dict[str, Any]]:
+        return self._read(queries.samples, limit, status, tenant)
+
+    def versions(self, tenant: str | None = None) -> list[dict[str, Any]]:
+        return self._read(queries.versions, tenant)
+
+    def lease_ready_times(self, lease_ids: Iterable[str]) -> dict[str, list[float]]:
+        return self._read(queries.lease_ready_times, list(lease_ids))
 
     def show(self, ident: str, tenant: str | None = None) -> dict[str, Any]:
         return self._read(queries.show, ident, tenant)

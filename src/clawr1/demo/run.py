@@ -32,6 +32,7 @@ from rich.table import Table
 from clawr1.core.config import Config, to_toml
 from clawr1.demo.evaluate import EvalResult, evaluate
 from clawr1.demo.users import HELD_OUT, PREFERENCES, SimulatedUser, make_users
+from clawr1.trainer.history import read_metrics
 
 
 class DemoSettings(BaseModel):
@@ -154,13 +155,6 @@ async def talk(user: SimulatedUser, client: Any, board: Scoreboard, settings: De
             messages += [{"role": "assistant", "content": text}, {"role": "user", "content": said}]
 
 
-def trainer_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "trainer" / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def live_table(board: Scoreboard, metrics: list[dict[str, Any]], settings: DemoSettings, started: float) -> Table:
     by_version = {m["version"]: m for m in metrics}
     table = Table(title=f"clawr1 demo ({settings.method}): preference score per policy version "
@@ -219,7 +213,7 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
                 for task in talkers:
                     if task.done() and task.exception() is not None:
                         raise task.exception()
-                live.update(Group(live_table(board, trainer_metrics(run_dir), settings, started)))
+                live.update(Group(live_table(board, read_metrics(run_dir), settings, started)))
                 if not console.is_terminal and board.latest() > shown:  # a log file gets one line per version
                     shown, rows = board.latest(), board.per_version()
                     row = rows[-2] if len(rows) > 1 else rows[-1]
@@ -228,14 +222,14 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
                 await asyncio.sleep(1.0)
             done.set()
             await asyncio.gather(*talkers)
-            live.update(Group(live_table(board, trainer_metrics(run_dir), settings, started)))
+            live.update(Group(live_table(board, read_metrics(run_dir), settings, started)))
         talk_s = time.monotonic() - talk_started
         after = await measure("after")
     finally:
         if client is not None:
             await client.close()  # before the loop ends, or its connections are closed on a dead loop
         await asyncio.to_thread(job.stop)
-    metrics = trainer_metrics(run_dir)
+    metrics = read_metrics(run_dir)
     result = {
         "method": settings.method, "settings": settings.model_dump(), "wall_s": time.monotonic() - started,
         "talk_s": talk_s, "replies": board.replies, "reached_version": board.latest(),

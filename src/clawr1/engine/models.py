@@ -110,3 +110,14 @@ def list_models(data_dir: Path) -> list[ModelInfo]:
             if child.name != EMBEDDED_MODEL and (child / "config.json").is_file():
                 out.append(ModelInfo(child.name, str(child), "ready (local)"))
     return out
+
+
+def context_window(spec: str, data_dir: Path, max_context: int = 0) -> int:
+    """The served context in tokens without loading the weights: `engine.max_context` when set, else
+    the model's `max_position_embeddings` (the engine's own rule)."""
+    if max_context:
+        return max_context
+    import json
+
+    config = json.loads((resolve_model(spec, data_dir) / "config.json").read_text())
+    return int(config.get("max_position_embeddings", 2048))

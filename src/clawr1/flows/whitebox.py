@@ -136,4 +136,5 @@ def train_flow(config: Config, flow: AgentFlow, tasks: list[Task], *, group: int
                               f"{sum(mean) / len(mean) if mean else float('nan'):+.2f}; v{metrics['version']}: "
                               f"{metrics['lease']} samples, loss {metrics['loss']:+.4f}, {metrics['total_s']:.1f} s")
                 wait_served(served, metrics["version"])
+        trainer.close()
     return result

@@ -33,6 +33,7 @@ from clawr1.gateway.errors import APIError
 from clawr1.gateway.metrics import GatewayMetrics, MetricsMiddleware
 from clawr1.gateway.metrics import router as metrics_router
 from clawr1.gateway.sessions import SESSION_KEY_PREFIX, SessionResolver, Turn, hash_key
+from clawr1.trainer.history import MetricsTail
 
 log = logging.getLogger(__name__)
 POLICY = "policy"  # the adapter name the trainer publishes; served when loaded, else the base model
@@ -290,7 +291,7 @@ def _log_failure(future: Any, step_id: str) -> None:
 
 
 def create_app(engine: Engine, pool: DataPool, config: Config) -> FastAPI:
-    from clawr1.gateway import anthropic, chat, completions, lifecycle, responses
+    from clawr1.gateway import anthropic, chat, completions, dashboard, lifecycle, responses
 
     gateway = Gateway(engine, pool, config)
 
@@ -309,6 +310,7 @@ def create_app(engine: Engine, pool: DataPool, config: Config) -> FastAPI:
 
     app = FastAPI(title="Claw-R1 gateway", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.gateway = gateway
+    app.state.trainer_log = MetricsTail(config.data_dir)  # the dashboard's view of the trainer
     errors.install(app)
     app.add_middleware(MetricsMiddleware, metrics=gateway.metrics)
 
@@ -328,4 +330,5 @@ def create_app(engine: Engine, pool: DataPool, config: Config) -> FastAPI:
     app.include_router(anthropic.router)
     app.include_router(responses.router)
     app.include_router(metrics_router)
+    app.include_router(dashboard.router)
     return app

@@ -88,7 +88,7 @@ async def stream_chat(gw: Gateway, req: schema.ChatRequest, stream: GenerationSt
         except TimedOut:
             yield timeout_event(gw.config.gateway.request_timeout_s)
             return
-        gen = stream.generation
+        gen = await stream.final()  # the stream is drained: returns at once (the Engine contract)
         parsed = gw.engine.parse(gen.content)
         if parsed.tool_calls:
             calls = schema.message_of(parsed)["tool_calls"]

@@ -98,7 +98,7 @@ async def stream_text(gw: Gateway, req: schema.CompletionRequest, stream: Genera
         except TimedOut:
             yield timeout_event(gw.config.gateway.request_timeout_s)
             return
-        gen = stream.generation
+        gen = await stream.final()  # the stream is drained: returns at once (the Engine contract)
         # Text after a stop sequence was never streamed (the engine holds stop prefixes back).
         tail = gen.content[len(sent):] if len(gen.content) > len(sent) else ""
         yield sse(_body(cid, req, version, [schema.text_choice(0, gen, req, gw.engine.tokenizer, tail,

@@ -155,10 +155,6 @@ class TimedStream:
         self._inner, self._ttft, self._since = inner, ttft, since
         self.version = inner.version
 
-    @property
-    def generation(self) -> Generation | None:
-        return self._inner.generation  # type: ignore[attr-defined]  # set by the engine's stream at its end
-
     def __aiter__(self) -> TimedStream:
         return self
 

@@ -9,7 +9,6 @@ acks that lease first, so its samples are never trained twice.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -17,11 +16,11 @@ from typing import Any
 
 import torch
 
-from clawr1.core.config import Config
+from clawr1.core.config import Config, public_dump
 from clawr1.datapool.base import DataPool
 from clawr1.engine import adapters
 from clawr1.engine.models import resolve_model
-from clawr1.trainer import checkpoint
+from clawr1.trainer import checkpoint, history
 from clawr1.trainer.batch import Prepared, TrainSample, prepare
 from clawr1.trainer.losses import kl_to_reference, ppo_loss
 from clawr1.trainer.policy import ADAPTER, Policy, pack
@@ -40,9 +39,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=self.tc.lr, weight_decay=self.tc.weight_decay)
         self.step_count = 0
         self.version = 0  # the newest policy version this trainer published (0 = base model)
-        self.metrics_path = self.root / "trainer" / "metrics.jsonl"
-        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
-        self._tensorboard: Any = None
+        self.history = history.MetricsLog(self.root, self.tc.wandb_project, public_dump(config))
         if resume:
             self.resume()
 
@@ -80,7 +77,8 @@ class Trainer:
         checkpoint.save(checkpoint.path_of(self.root), self.policy, self.optimizer,
                         {"step": self.step_count, "version": self.version, "lease_id": lease.lease_id})
         self.pool.ack(lease)
-        metrics.update(version=self.version, lease=len(lease), total_s=time.perf_counter() - started,
+        metrics.update(version=self.version, lease=len(lease), lease_id=lease.lease_id,
+                       total_s=time.perf_counter() - started,
                        staleness=sum(self.version - 1 - s.policy_version for s in lease.samples) / len(lease))
         self.log(metrics)
         return metrics
@@ -142,25 +140,10 @@ class Trainer:
 
     # ---- metrics -------------------------------------------------------------------------------
     def log(self, metrics: dict[str, Any]) -> None:
-        with open(self.metrics_path, "a", encoding="utf-8") as out:
-            out.write(json.dumps({"time": time.time(), **metrics}) + "\n")
-        writer = self.tensorboard()
-        if writer is not None:
-            for key, value in metrics.items():
-                if isinstance(value, (int, float)):
-                    writer.add_scalar(f"trainer/{key}", value, self.step_count)
-            writer.flush()
+        self.history.write(metrics, self.step_count)
 
-    def tensorboard(self) -> Any:
-        if self._tensorboard is None:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:  # tensorboard is optional; the JSONL log always exists
-                self._tensorboard = False
-                log.info("tensorboard not installed: metrics go to %s only", self.metrics_path)
-            else:
-                self._tensorboard = SummaryWriter(str(self.root / "trainer" / "tensorboard"))
-        return self._tensorboard or None
+    def close(self) -> None:
+        self.history.close()
 
     def run(self, stop: Any) -> None:
         """Train until `stop.is_set()`; idle polls are cheap reads."""

@@ -1,0 +1,105 @@
+"""What the dashboard shows, gathered in one place from the pool, the gateway and the trainer's log.
+The HTML panels and `GET /dashboard/api/summary` render the same dictionary, so a number on the
+page is a number a script can read.
+
+Definitions (also in the README):
+- a version's *reward* is the mean reward of the main turns it served; the trainer's *batch reward*
+  is the mean reward of the samples that trained it (served by earlier versions);
+- its *preference score* is the share of its judged turns whose next state approved the reply
+  (reward > 0) among those approved or corrected (reward < 0);
+- *feedback-to-serving latency*: from a sample's reward arriving (it became READY) to the first
+  reply recorded from the version trained on it; `publish` is the part up to its publication.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import TYPE_CHECKING, Any
+
+from clawr1.trainer.history import MetricsTail
+
+if TYPE_CHECKING:
+    from clawr1.gateway.app import Gateway
+
+# Trainer metrics shown per version (the log has more: see `clawr1/trainer/loop.py`).
+TRAINED_FIELDS = ("loss", "reward_mean", "hint_rate", "clip_frac", "kl", "grad_norm", "tokens_per_s", "total_s")
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def versions(served: list[dict[str, Any]], trained: list[dict[str, Any]],
+             ready: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """One row per policy version: what served it (pool) joined with what trained it (trainer log)."""
+    by_served = {row["version"]: row for row in served}
+    by_trained = {m["version"]: m for m in trained if "version" in m}
+    rows = []
+    for version in sorted({0, *by_served, *by_trained}):
+        s, m = by_served.get(version, {}), by_trained.get(version, {})
+        judged = s.get("approved", 0) + s.get("corrected", 0)
+        row: dict[str, Any] = {
+            "version": version, "published_at": m.get("time"), "trained_on": m.get("lease"),
+            **{key: m.get(key) for key in TRAINED_FIELDS},
+            "turns": s.get("turns", 0), "rewarded": s.get("rewarded", 0), "mean_reward": s.get("mean_reward"),
+            "approved": s.get("approved", 0), "corrected": s.get("corrected", 0),
+            "preference_score": s["approved"] / judged if judged else None,
+            "first_served_at": s.get("first_served_at"), "latency_s": None, "latency_max_s": None, "publish_s": None,
+        }
+        times = ready.get(m.get("lease_id") or "", [])
+        if times and row["first_served_at"] is not None:
+            waits = [row["first_served_at"] - t for t in times]
+            row["latency_s"], row["latency_max_s"] = _median(waits), max(waits)
+        if times and row["published_at"] is not None:
+            row["publish_s"] = _median([row["published_at"] - t for t in times])
+        rows.append(row)
+    return rows
+
+
+def judge_counts(gw: Gateway) -> dict[str, Any]:
+    """The reward workers' tallies under `clawr1 up` (empty under `clawr1 serve`)."""
+    outcomes: dict[str, int] = {}
+    hints = errors = 0
+    for worker in gw.metrics.judges:
+        for (score, source), n in worker.outcomes.items():
+            key = f"{score:+d} {source}" if score else f"0 {source}"
+            outcomes[key] = outcomes.get(key, 0) + n
+        hints += worker.counts["hints"]
+        errors += worker.counts["judge_errors"]
+    return {"running": bool(gw.metrics.judges), "outcomes": dict(sorted(outcomes.items())), "hints": hints,
+            "errors": errors}
+
+
+def summary(gw: Gateway, tail: MetricsTail, *, sessions: int = 25, samples: int = 25) -> dict[str, Any]:
+    """Everything on the main page. Runs off the event loop (it reads the pool)."""
+    pool = gw.pool
+    trained = tail.read()
+    ready = pool.lease_ready_times([m["lease_id"] for m in trained if m.get("lease_id")])
+    return {
+        "generated_at": time.time(),
+        "model": gw.config.engine.model,
+        "served_version": gw.served_version(),
+        "gateway": {"inflight": gw.pending, "pending_writes": pool.pending_writes(),
+                    "swaps": [{"at": at, "version": v, "load_s": s} for at, v, s in gw.swaps[-20:]]},
+        "pool": pool.stats(),
+        "judge": judge_counts(gw),
+        "versions": versions(pool.versions(), trained, ready),
+        "sessions": pool.sessions(limit=sessions),
+        "samples": pool.samples(limit=samples),
+    }
+
+
+def session(gw: Gateway, session_id: str, tenant: str | None) -> dict[str, Any]:
+    """One session, every turn with what the judge saw and decided: the request's last user
+    message, the reply, the next state, rewards with votes and evidence, hints, the sample's fate."""
+    shown = gw.pool.show(session_id, tenant)
+    if shown["kind"] != "session":
+        raise KeyError(f"no session {session_id!r}")
+    turns = []
+    for turn in shown["steps"]:
+        [step] = gw.pool.get_steps([turn["step_id"]])
+        users = [m for m in step.messages if m.get("role") == "user"]
+        turns.append({**turn, "context": users[-1].get("content") if users else None,
+                      "next_state": step.next_state, "created_at": step.created_at})
+    return {**shown, "steps": turns}

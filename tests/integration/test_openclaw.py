@@ -1,0 +1,92 @@
+"""The real OpenClaw, from the npm registry and unmodified, against `clawr1 up` on the embedded model.
+
+It holds a three-message conversation through the config `clawr1 openclaw-config` prints, sends no
+session header (OpenClaw has none), and the gateway must still file the turns in one session, in
+order, each paired with its next state, by history matching alone. OpenClaw's full prompt, which
+does not fit SmolLM2's context, must come back as OpenAI's 400 `context_length_exceeded` (OpenClaw
+reports a context overflow) without storing anything or hurting the server."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from clawr1.core.config import EMBEDDED_MODEL
+from clawr1.datapool import SQLitePool
+from clawr1.engine.models import model_cache_dir
+from tests.gateway_helpers import free_port, healthy, interrupt, wait_for
+from tests.npm_helpers import node_bin, npm_install
+
+OPENCLAW = "openclaw@2026.9.6"  # needs Node 24.16+ (< 25), which the npm package `node` ships
+MESSAGES = ["What is the capital of France?", "And the capital of Germany?", "Thanks. Name a river there."]
+
+
+def clawr1(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "clawr1.cli.main", *args], capture_output=True, text=True,
+                          check=True, timeout=300)
+
+
+class OpenClaw:
+    def __init__(self, folder: Path, node: Path, home: Path, config: dict):
+        self.bin = folder / "node_modules" / ".bin" / "openclaw"
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "openclaw.json").write_text(json.dumps(config))
+        self.env = {**os.environ, "HOME": str(home), "OPENCLAW_CONFIG_PATH": str(home / "openclaw.json"),
+                    "OPENCLAW_STATE_DIR": str(home / "state"), "OPENCLAW_NO_AUTO_UPDATE": "1", "DO_NOT_TRACK": "1",
+                    "PATH": f"{node}{os.pathsep}{os.environ['PATH']}"}
+
+    def say(self, session: str, message: str) -> dict:
+        done = subprocess.run([str(self.bin), "agent", "--local", "--session-id", session, "--message", message,
+                               "--json"], capture_output=True, text=True, env=self.env, timeout=600)
+        assert done.returncode in (0, 1), done.stderr[-3000:]
+        return json.loads(done.stdout)
+
+
+def test_openclaw_conversation_lands_in_one_session_in_order(real_data_dir, tmp_path):
+    node = node_bin()
+    folder = npm_install("openclaw", OPENCLAW, node=node)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    data_dir = tmp_path / "data"
+    model = model_cache_dir(real_data_dir) / EMBEDDED_MODEL  # converted once for the integration tests
+    up = subprocess.Popen([sys.executable, "-m", "clawr1.cli.main", "up", "--model", str(model), "--data-dir",
+                           str(data_dir), "--port", str(port)], stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: healthy(base), timeout=180, what="clawr1 up to serve")
+        lean = json.loads(clawr1("openclaw-config", "--model", str(model), "--data-dir", str(data_dir), "--port",
+                                 str(port), "--max-tokens", "48", "--workspace", str(tmp_path / "ws")).stdout)
+        assert "headers" not in lean["models"]["providers"]["clawr1"]  # nothing but the base URL identifies turns
+        claw = OpenClaw(folder, node, tmp_path / "home", lean)
+        for message in MESSAGES:
+            reply = claw.say("conversation-1", message)
+            assert not any(p.get("isError") for p in reply["payloads"]), reply["payloads"]
+            assert "".join(p.get("text") or "" for p in reply["payloads"]).strip()
+
+        with SQLitePool(data_dir) as pool:
+            sessions = pool.sessions()
+            assert len(sessions) == 1, sessions  # three OpenClaw turns, one session, found by history alone
+            turns = [t for t in pool.show(sessions[0]["session_id"])["steps"] if t["turn_type"] == "main"]
+            steps = pool.get_steps([t["step_id"] for t in turns])
+        asked = [s.messages[-1]["content"] for s in steps if s.messages[-1]["role"] == "user"]
+        assert [next(m for m in MESSAGES if m in str(text)) for text in asked] == MESSAGES  # in order
+        assert [t["turn_index"] for t in turns] == list(range(len(turns)))
+        for turn, following in itertools.pairwise(turns):  # every turn is paired with the next one's state
+            assert turn["next_step_id"] == following["step_id"]
+        assert MESSAGES[1] in json.dumps(steps[0].next_state)
+
+        # OpenClaw's own full prompt: a 400 context_length_exceeded it reports, nothing stored, server fine.
+        full = json.loads(clawr1("openclaw-config", "--model", str(model), "--data-dir", str(data_dir), "--port",
+                                 str(port), "--prompt", "full", "--workspace", str(tmp_path / "ws-full")).stdout)
+        overflow = OpenClaw(folder, node, tmp_path / "home-full", full).say("conversation-2", "Hello!")
+        assert any(p.get("isError") and "context" in p["text"].lower() for p in overflow["payloads"]), overflow
+        with SQLitePool(data_dir) as pool:
+            assert pool.stats()["steps"] == len(steps)
+        assert healthy(base)
+    finally:
+        interrupt(up)
+    assert up.returncode == 0, up.stderr.read()[-3000:]
+
