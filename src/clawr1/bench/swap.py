@@ -109,7 +109,7 @@ class Publisher:
 
 def serve(config_json: Path, port: int, swaps_out: Path) -> None:
     """The gateway's process: real engine, SQLite pool, uvicorn; on exit it writes the gateway's
-    swap record (wall time loaded, version, load seconds) and the engine's slot loads to `swaps_out`."""
+    swap record (wall time loaded, adapter, version, load seconds) and the engine's slot loads to `swaps_out`."""
     import uvicorn
 
     from clawr1.datapool import SQLitePool
@@ -312,10 +312,10 @@ def _first_served(calls: list[Call], swap: Swap) -> float | None:
 
 
 def _attach_gateway_record(swaps: list[Swap], record: dict[str, list[Any]]) -> None:
-    """The gateway's own (wall time loaded, version, load seconds), mapped onto our perf_counter clock,
+    """The gateway's own (wall time loaded, adapter, version, load seconds), mapped onto our perf_counter clock,
     and the engine's slot loads."""
     offset = time.time() - time.perf_counter()
-    by_version = {int(version): (when - offset, load_s) for when, version, load_s in record["gateway"]}
+    by_version = {int(version): (when - offset, load_s) for when, _, version, load_s in record["gateway"]}
     slot_loads = {int(load["version"]): load for load in record["engine"]}
     for swap in swaps:
         if swap.version in by_version:

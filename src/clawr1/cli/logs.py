@@ -99,7 +99,10 @@ def secrets_of(config: Config) -> list[str]:
             continue
         for name in SECRET_FIELDS & set(type(section).model_fields):
             value = getattr(section, name)
-            found.extend(value if isinstance(value, list) else [value] if value else [])
+            if isinstance(value, dict):  # tenants.keys: tenant -> keys
+                found.extend(key for keys in value.values() for key in keys)
+            else:
+                found.extend(value if isinstance(value, list) else [value] if value else [])
     return found
 
 

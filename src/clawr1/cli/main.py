@@ -124,6 +124,7 @@ def cmd_train(args: argparse.Namespace, config: Config) -> int:
     from clawr1.datapool import SQLitePool
     from clawr1.trainer.checkpoint import exists as checkpoint_exists
     from clawr1.trainer.loop import Trainer
+    from clawr1.trainer.tenants import TenantTrainers
 
     if args.resume and not checkpoint_exists(config.data_dir):
         err_console.print(f"[red]error:[/red] --resume: no trainer checkpoint under {config.data_dir}")
@@ -132,18 +133,20 @@ def cmd_train(args: argparse.Namespace, config: Config) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # finish the current step, then exit
     with SQLitePool(config.data_dir, config.pool) as pool:
         with err_console.status("Loading the policy ..."):
-            trainer = Trainer(config, pool)
+            trainer = TenantTrainers(config, pool) if config.tenants.adapter_per_tenant else Trainer(config, pool)
+        where = (f"one adapter per tenant, resumed {trainer.versions()}" if isinstance(trainer, TenantTrainers)
+                 else f"at step {trainer.step_count}, policy v{trainer.version}")
         say(config, f"[green]trainer[/green] method={config.trainer.method} batch={config.trainer.batch_size} "
-            f"at step {trainer.step_count}, policy v{trainer.version}; waiting for READY samples",
-            "trainer waiting for READY samples", method=config.trainer.method, batch_size=config.trainer.batch_size,
-            step=trainer.step_count, version=trainer.version)
+            f"{where}; waiting for READY samples", "trainer waiting for READY samples",
+            method=config.trainer.method, batch_size=config.trainer.batch_size, where=where)
         try:
             while not stop.is_set():
                 metrics = trainer.run_once()
                 if metrics is None:
                     stop.wait(config.trainer.poll_s)
                     continue
-                say(config, f"v{metrics['version']}: {metrics['lease']} samples, loss {metrics['loss']:+.4f}, "
+                who = f"{metrics['tenant']} " if "tenant" in metrics else ""
+                say(config, f"{who}v{metrics['version']}: {metrics['lease']} samples, loss {metrics['loss']:+.4f}, "
                     f"reward {metrics['reward_mean']:+.2f}, hints {metrics['hint_rate']:.0%}, "
                     f"clip {metrics['clip_frac']:.2f}, {metrics['total_s']:.1f} s",
                     f"published policy v{metrics['version']}", metrics=metrics)

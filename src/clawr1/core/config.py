@@ -12,10 +12,11 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"
-SECRET_FIELDS = frozenset({"api_keys", "admin_key", "judge_api_key"})
+SECRET_FIELDS = frozenset({"api_keys", "admin_key", "judge_api_key", "keys"})
+TENANT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # safe as a directory and an adapter name
 
 
 def default_data_dir() -> Path:
@@ -278,6 +279,32 @@ class EnvsConfig(_Section):
     """Agent turns (model calls) per episode."""
 
 
+class TenantsConfig(_Section):
+    keys: dict[str, list[str]] = Field(default_factory=dict, max_length=10_000)
+    """Agent keys of named tenants, `{acme = ["sk-..."], globex = ["sk-..."]}`. A tenant's sessions,
+    samples, exports and (with `adapter_per_tenant`) adapter are its own; `gateway.api_keys` belong
+    to the tenant `default`. Keys are secrets: never printed or logged."""
+
+    adapter_per_tenant: bool = False
+    """Train one LoRA adapter per tenant (`policy-<tenant>`) on that tenant's samples only, and serve
+    it only to that tenant: one base model, adapters batched per row. Off: one shared policy."""
+
+    @field_validator("keys")
+    @classmethod
+    def _valid(cls, keys: dict[str, list[str]]) -> dict[str, list[str]]:
+        import re
+
+        seen: set[str] = set()
+        for tenant, values in keys.items():
+            if not re.match(TENANT_NAME, tenant):
+                raise ValueError(f"tenant name {tenant!r} must match {TENANT_NAME}")
+            for key in values:
+                if len(key) < 8 or key in seen:
+                    raise ValueError(f"tenant {tenant!r}: every key must be unique and at least 8 characters")
+                seen.add(key)
+        return keys
+
+
 class Config(_Section):
     data_dir: Path = Field(default_factory=default_data_dir)
     """Where the model cache, adapters and the data pool (`pool.sqlite3`) live."""
@@ -304,6 +331,9 @@ class Config(_Section):
 
     envs: EnvsConfig = Field(default_factory=EnvsConfig)
     """Agent environments: sandbox limits and episode length."""
+
+    tenants: TenantsConfig = Field(default_factory=TenantsConfig)
+    """Tenants: whose keys are whose, and whether each tenant trains its own adapter."""
 
 
 def public_dump(config: Config) -> dict[str, Any]:
@@ -382,4 +412,6 @@ def _toml_literal(value: Any) -> str:
         return repr(value)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_literal(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table
+        return "{" + ", ".join(f"{_toml_literal(str(k))} = {_toml_literal(v)}" for k, v in value.items()) + "}"
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'

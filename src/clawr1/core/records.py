@@ -15,6 +15,12 @@ TurnType = Literal["main", "side"]
 SampleStatus = Literal["pending", "ready", "leased", "consumed", "dropped"]
 SAMPLE_STATUSES: tuple[SampleStatus, ...] = ("pending", "ready", "leased", "consumed", "dropped")
 DEFAULT_TENANT = "default"
+POLICY = "policy"  # the adapter the trainer publishes and the gateway serves
+
+
+def adapter_name(tenant: str | None) -> str:
+    """The served LoRA adapter: the shared `policy`, or `policy-<tenant>` with per-tenant adapters."""
+    return POLICY if tenant is None else f"{POLICY}-{tenant}"
 
 
 def _require(ok: bool, message: str) -> None:

@@ -163,8 +163,10 @@ class DataPool(ABC):
     # -- training ------------------------------------------------------------------------------
 
     @abstractmethod
-    def lease(self, n: int, max_staleness: int | None = None, current_version: int = 0) -> Lease:
-        """Lease up to n READY samples until `expires_at`.
+    def lease(self, n: int, max_staleness: int | None = None, current_version: int = 0,
+              tenant: str | None = None) -> Lease:
+        """Lease up to n READY samples until `expires_at`; with `tenant`, only that tenant's (a
+        per-tenant adapter trains on nothing else).
 
         Samples more than `max_staleness` versions behind `current_version` are dropped or
         down-weighted first (reason `stale`); the rest are mixed fresh/off-policy by the configured
@@ -196,8 +198,12 @@ class DataPool(ABC):
         """(tenant, session_id, status) of the session whose API key hashes to `key_hash`."""
 
     @abstractmethod
-    def ready_state(self) -> tuple[int, float | None]:
-        """(number of READY samples, epoch time the oldest of them became READY)."""
+    def ready_state(self, tenant: str | None = None) -> tuple[int, float | None]:
+        """(number of READY samples, epoch time the oldest of them became READY), of one tenant or all."""
+
+    @abstractmethod
+    def ready_tenants(self) -> list[str]:
+        """The tenants that have READY samples (a per-tenant trainer's work list)."""
 
     @abstractmethod
     def hints(self, step_ids: Iterable[str]) -> dict[str, str]:
@@ -212,13 +218,13 @@ class DataPool(ABC):
         return 0
 
     @abstractmethod
-    def stats(self) -> dict[str, Any]:
+    def stats(self, tenant: str | None = None) -> dict[str, Any]:
         """Counts: sessions, steps, rewards, hints, samples by status, drops by reason, leases; and
-        `db_bytes`, the pool's size on disk."""
+        `db_bytes`, the pool's size on disk. With `tenant`, that tenant's counts only."""
 
     @abstractmethod
-    def sessions(self, limit: int = 100) -> list[dict[str, Any]]:
-        """The most recently active sessions, newest first."""
+    def sessions(self, limit: int = 100, tenant: str | None = None) -> list[dict[str, Any]]:
+        """The most recently active sessions (of one tenant or all), newest first."""
 
     @abstractmethod
     def samples(self, limit: int = 50, status: str | None = None, tenant: str | None = None) -> list[dict[str, Any]]:

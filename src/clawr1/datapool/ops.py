@@ -347,23 +347,27 @@ def expire_leases(conn: sqlite3.Connection, now: float) -> int:
 
 
 _PICK = """SELECT step_id, policy_version, weight, reward, reason FROM samples
-WHERE status = 'ready' AND policy_version {cmp} ? ORDER BY policy_version DESC, ready_at LIMIT ?"""
+WHERE status = 'ready' AND policy_version {cmp} ? AND (? IS NULL OR tenant = ?)
+ORDER BY policy_version DESC, ready_at LIMIT ?"""
 
 
 def lease(conn: sqlite3.Connection, lease_id: str, n: int, max_staleness: int, current_version: int,
-          config: PoolConfig) -> Lease:
+          config: PoolConfig, tenant: str | None = None) -> Lease:
     now = time.time()
     expire_leases(conn, now)
     floor = current_version - max_staleness
+    # Staleness is measured against the version of the adapter being trained: with per-tenant
+    # adapters, only that tenant's samples (its own version line).
     if config.stale_policy == "drop":
         conn.execute("UPDATE samples SET status = 'dropped', reason = 'stale', updated_at = ? "
-                     "WHERE status = 'ready' AND policy_version < ?", (now, floor))
+                     "WHERE status = 'ready' AND policy_version < ? AND (? IS NULL OR tenant = ?)",
+                     (now, floor, tenant, tenant))
     else:
         conn.execute("UPDATE samples SET weight = ?, reason = 'stale', updated_at = ? "
-                     "WHERE status = 'ready' AND policy_version < ? AND reason IS NOT 'stale'",
-                     (config.stale_weight, now, floor))
-    fresh = conn.execute(_PICK.format(cmp=">="), (current_version, n)).fetchall()
-    older = conn.execute(_PICK.format(cmp="<"), (current_version, n)).fetchall()
+                     "WHERE status = 'ready' AND policy_version < ? AND reason IS NOT 'stale' "
+                     "AND (? IS NULL OR tenant = ?)", (config.stale_weight, now, floor, tenant, tenant))
+    fresh = conn.execute(_PICK.format(cmp=">="), (current_version, tenant, tenant, n)).fetchall()
+    older = conn.execute(_PICK.format(cmp="<"), (current_version, tenant, tenant, n)).fetchall()
     # Aim for the configured share of fresh samples; either kind fills in when the other is short.
     take_fresh = min(len(fresh), max(round(n * config.fresh_fraction), n - len(older)))
     chosen = fresh[:take_fresh] + older[:n - take_fresh]

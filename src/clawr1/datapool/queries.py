@@ -22,20 +22,29 @@ def _one(conn: sqlite3.Connection, sql: str, *params: Any) -> Any:
     return conn.execute(sql, params).fetchone()[0]
 
 
-def stats(conn: sqlite3.Connection) -> dict[str, Any]:
+def stats(conn: sqlite3.Connection, tenant: str | None = None) -> dict[str, Any]:
+    mine = "(?1 IS NULL OR tenant = ?1)"  # one tenant's counts, or everyone's
+
+    def one(sql: str) -> Any:
+        sql = sql.format(mine=mine)
+        return _one(conn, sql, *([tenant] if "?1" in sql else []))
+
     by_status = dict.fromkeys(SAMPLE_STATUSES, 0)
-    by_status.update(conn.execute("SELECT status, count(*) FROM samples GROUP BY status").fetchall())
-    versions = conn.execute("SELECT min(policy_version), max(policy_version) FROM samples").fetchone()
+    by_status.update(conn.execute(f"SELECT status, count(*) FROM samples WHERE {mine} GROUP BY status",
+                                  (tenant,)).fetchall())
+    versions = conn.execute(f"SELECT min(policy_version), max(policy_version) FROM samples WHERE {mine}",
+                            (tenant,)).fetchone()
+    in_steps = f"step_id IN (SELECT step_id FROM samples WHERE {mine})"  # rewards and hints are of main turns
     return {
-        "sessions": _one(conn, "SELECT count(*) FROM sessions"),
-        "open_sessions": _one(conn, "SELECT count(*) FROM sessions WHERE status = 'open'"),
-        "steps": _one(conn, "SELECT count(*) FROM steps"),
-        "main_steps": _one(conn, "SELECT count(*) FROM samples"),  # one sample a main turn: no big-row scan
-        "rewards": _one(conn, "SELECT count(*) FROM rewards"),
-        "hints": _one(conn, "SELECT count(*) FROM hints"),
+        "sessions": one("SELECT count(*) FROM sessions WHERE {mine}"),
+        "open_sessions": one("SELECT count(*) FROM sessions WHERE status = 'open' AND {mine}"),
+        "steps": one("SELECT count(*) FROM steps WHERE {mine}"),
+        "main_steps": one("SELECT count(*) FROM samples WHERE {mine}"),  # one sample a main turn: no big-row scan
+        "rewards": one("SELECT count(*) FROM rewards" + ("" if tenant is None else f" WHERE {in_steps}")),
+        "hints": one("SELECT count(*) FROM hints" + ("" if tenant is None else f" WHERE {in_steps}")),
         **by_status,
-        "dropped_by_reason": dict(conn.execute("SELECT reason, count(*) FROM samples WHERE status = 'dropped' "
-                                               "GROUP BY reason").fetchall()),
+        "dropped_by_reason": dict(conn.execute(f"SELECT reason, count(*) FROM samples WHERE status = 'dropped' "
+                                               f"AND {mine} GROUP BY reason", (tenant,)).fetchall()),
         "open_leases": _one(conn, "SELECT count(*) FROM leases WHERE state = 'open'"),
         "policy_versions": None if versions[0] is None else list(versions),  # [oldest, newest]
     }
@@ -45,10 +54,10 @@ def stats(conn: sqlite3.Connection) -> dict[str, Any]:
 _SESSION_COLUMNS = "s.tenant, s.session_id, s.status, s.created_at, s.updated_at, s.closed_at, s.outcome_reward"
 
 
-def sessions(conn: sqlite3.Connection, limit: int) -> list[dict[str, Any]]:
+def sessions(conn: sqlite3.Connection, limit: int, tenant: str | None = None) -> list[dict[str, Any]]:
     rows = conn.execute(
         f"SELECT {_SESSION_COLUMNS}, (SELECT count(*) FROM steps t WHERE t.tenant = s.tenant AND t.session_id = s.session_id) AS steps "
-        "FROM sessions s ORDER BY s.updated_at DESC LIMIT ?", (limit,)).fetchall()
+        "FROM sessions s WHERE ?2 IS NULL OR s.tenant = ?2 ORDER BY s.updated_at DESC LIMIT ?1", (limit, tenant)).fetchall()
     return [dict(row) for row in rows]
 
 
@@ -104,10 +113,15 @@ def get_steps(conn: sqlite3.Connection, step_ids: list[str]) -> list[Step]:
     return [found[s] for s in step_ids]
 
 
-def ready_state(conn: sqlite3.Connection) -> tuple[int, float | None]:
+def ready_state(conn: sqlite3.Connection, tenant: str | None = None) -> tuple[int, float | None]:
     """(READY samples, when the oldest of them became ready): the trainer's "is a batch due?"."""
-    count, oldest = conn.execute("SELECT count(*), min(ready_at) FROM samples WHERE status = 'ready'").fetchone()
+    count, oldest = conn.execute("SELECT count(*), min(ready_at) FROM samples WHERE status = 'ready' "
+                                 "AND (?1 IS NULL OR tenant = ?1)", (tenant,)).fetchone()
     return count, oldest
+
+
+def ready_tenants(conn: sqlite3.Connection) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT DISTINCT tenant FROM samples WHERE status = 'ready' ORDER BY tenant")]
 
 
 def hints(conn: sqlite3.Connection, step_ids: list[str]) -> dict[str, str]:

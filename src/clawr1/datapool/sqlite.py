@@ -102,14 +102,15 @@ class SQLitePool(DataPool):
 
     # -- training ------------------------------------------------------------------------------
 
-    def lease(self, n: int, max_staleness: int | None = None, current_version: int = 0) -> Lease:
+    def lease(self, n: int, max_staleness: int | None = None, current_version: int = 0,
+              tenant: str | None = None) -> Lease:
         if n < 1:
             raise ValueError(f"lease size must be >= 1, got {n}")
         staleness = self.config.max_staleness if max_staleness is None else max_staleness
         if staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {staleness}")
         return self._writer.run(partial(ops.lease, lease_id=uuid.uuid4().hex, n=n, max_staleness=staleness,
-                                        current_version=current_version, config=self.config))
+                                        current_version=current_version, config=self.config, tenant=tenant))
 
     def ack(self, lease: Lease | str) -> int:
         if isinstance(lease, Lease):
@@ -136,8 +137,11 @@ class SQLitePool(DataPool):
     def session_by_key(self, key_hash: str) -> tuple[str, str, str] | None:
         return self._read(queries.session_by_key, key_hash)
 
-    def ready_state(self) -> tuple[int, float | None]:
-        return self._read(queries.ready_state)
+    def ready_state(self, tenant: str | None = None) -> tuple[int, float | None]:
+        return self._read(queries.ready_state, tenant)
+
+    def ready_tenants(self) -> list[str]:
+        return self._read(queries.ready_tenants)
 
     def hints(self, step_ids: Iterable[str]) -> dict[str, str]:
         return self._read(queries.hints, list(step_ids))
@@ -148,12 +152,12 @@ class SQLitePool(DataPool):
     def pending_writes(self) -> int:
         return self._writer.pending()
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, tenant: str | None = None) -> dict[str, Any]:
         files = (self.path, self.path.with_name(self.path.name + "-wal"))
-        return {**self._read(queries.stats), "db_bytes": sum(f.stat().st_size for f in files if f.exists())}
+        return {**self._read(queries.stats, tenant), "db_bytes": sum(f.stat().st_size for f in files if f.exists())}
 
-    def sessions(self, limit: int = 100) -> list[dict[str, Any]]:
-        return self._read(queries.sessions, limit)
+    def sessions(self, limit: int = 100, tenant: str | None = None) -> list[dict[str, Any]]:
+        return self._read(queries.sessions, limit, tenant)
 
     def samples(self, limit: int = 50, status: str | None = None, tenant: str | None = None) -> list[dict[str, Any]]:
         return self._read(queries.samples, limit, status, tenant)

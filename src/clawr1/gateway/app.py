@@ -23,7 +23,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ValidationError
 
 from clawr1.core.config import Config
-from clawr1.core.records import DEFAULT_TENANT, Step
+from clawr1.core.records import DEFAULT_TENANT, POLICY, Step, adapter_name
 from clawr1.core.types import EngineError, Generation, SamplingParams
 from clawr1.datapool.base import DataPool, PoolFullError
 from clawr1.engine import adapters
@@ -33,10 +33,8 @@ from clawr1.gateway.errors import APIError
 from clawr1.gateway.metrics import GatewayMetrics, MetricsMiddleware
 from clawr1.gateway.metrics import router as metrics_router
 from clawr1.gateway.sessions import SESSION_KEY_PREFIX, SessionResolver, Turn, hash_key
-from clawr1.trainer.history import MetricsTail
 
 log = logging.getLogger(__name__)
-POLICY = "policy"  # the adapter name the trainer publishes; served when loaded, else the base model
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -62,8 +60,12 @@ class Gateway:
         self.pending = 0  # steps admitted whose writes are not yet handed to the pool
         self._session_keys: dict[str, tuple[str, str]] = {}  # key sha256 -> (tenant, session id)
         self._tasks: set[asyncio.Task] = set()  # background closes, referenced until done
-        self.swaps: list[tuple[float, int, float]] = []  # (when, version, load seconds)
+        self.swaps: list[tuple[float, str, int, float]] = []  # (when, adapter, version, load seconds)
         self.metrics = GatewayMetrics(self)  # `GET /metrics`; reads the fields above when scraped
+        # Every agent key with its tenant: `gateway.api_keys` are the default tenant's.
+        self.agent_keys = [(key.encode(), DEFAULT_TENANT) for key in config.gateway.api_keys] + [
+            (key.encode(), tenant) for tenant, keys in config.tenants.keys.items() for key in keys]
+        self.per_tenant = config.tenants.adapter_per_tenant
 
     # ---- request plumbing -----------------------------------------------------------------
     async def read(self, request: Request, model: type[M]) -> M:
@@ -96,10 +98,16 @@ class Gateway:
             if bound is None:
                 raise APIError(401, "unknown session key", code="invalid_api_key")
             return Caller(*bound)
-        keys = self.config.gateway.api_keys
-        if keys and not any(hmac.compare_digest(token, key) for key in keys):
+        if not self.agent_keys:
+            return Caller(DEFAULT_TENANT, None)
+        given = token.encode()
+        tenant = None
+        for key, owner in self.agent_keys:  # compare with every key: the time says nothing of which matched
+            if hmac.compare_digest(given, key):
+                tenant = owner
+        if tenant is None:
             raise APIError(401, "missing or invalid API key (Authorization: Bearer <key>)", code="invalid_api_key")
-        return Caller(DEFAULT_TENANT, None)
+        return Caller(tenant, None)
 
     def _session_for_key(self, token: str) -> tuple[str, str] | None:
         digest = hash_key(token)
@@ -122,9 +130,13 @@ class Gateway:
             raise APIError(401, "admin routes need the admin key (Authorization: Bearer <admin_key>)",
                            code="invalid_api_key")
 
-    def served_version(self) -> int:
-        """The policy version new requests get (0: the base model)."""
-        return self.engine.adapters().get(POLICY, 0)
+    def adapter_of(self, tenant: str) -> str:
+        """The adapter a tenant is served: its own with per-tenant adapters, else the shared one."""
+        return adapter_name(tenant if self.per_tenant else None)
+
+    def served_version(self, tenant: str = DEFAULT_TENANT) -> int:
+        """The policy version a tenant's new requests get (0: the base model)."""
+        return self.engine.adapters().get(self.adapter_of(tenant), 0)
 
     def admit(self, steps: int) -> None:
         """Shed load before anything could be lost: the requests in flight plus the pool's queue
@@ -138,10 +150,12 @@ class Gateway:
                            code="rate_limit_exceeded")
         self.pending += steps
 
-    def start(self, prompt_ids: list[int], samplings: list[SamplingParams]) -> list[GenerationStream]:
-        """Admit and submit one generation per sampling; the caller must `release` them."""
+    def start(self, prompt_ids: list[int], samplings: list[SamplingParams], tenant: str) -> list[GenerationStream]:
+        """Admit and submit one generation per sampling, on the tenant's adapter when one is loaded
+        (else the base model); the caller must `release` them."""
         self.admit(len(samplings))
-        adapter = POLICY if POLICY in self.engine.adapters() else None
+        name = self.adapter_of(tenant)
+        adapter = name if name in self.engine.adapters() else None
         streams: list[GenerationStream] = []
         try:
             for sampling in samplings:
@@ -236,25 +250,33 @@ class Gateway:
         return restored
 
     async def watch_adapters(self) -> None:
-        """Serve each newly published policy version: the engine loads it beside the old one and
-        flips the name atomically, so in-flight requests finish on their version and nothing
-        fails. A version that does not load is logged once and skipped."""
+        """Serve each newly published version of each adapter (the shared policy, or every
+        tenant's): the engine loads it beside the old one and flips the name atomically, so
+        in-flight requests finish on their version and nothing fails. A version that does not load
+        is logged once and skipped."""
         root = Path(self.config.data_dir) / "adapters"
-        skipped: set[int] = set()
+        skipped: set[tuple[str, int]] = set()
         while True:
             await asyncio.sleep(self.config.gateway.adapter_poll_s)
-            newest = await asyncio.to_thread(adapters.latest, root, POLICY)
-            if newest is None or newest[0] in skipped or newest[0] <= self.engine.adapters().get(POLICY, -1):
-                continue
-            started = time.perf_counter()
-            try:
-                await self.engine.load_adapter(POLICY, newest[1])
-            except EngineError as exc:
-                skipped.add(newest[0])
-                log.error("policy v%d at %s was not loaded: %s", newest[0], newest[1], exc)
-                continue
-            self.swaps.append((time.time(), newest[0], time.perf_counter() - started))
-            log.info("serving policy v%d (loaded in %.0f ms)", newest[0], 1000 * (time.perf_counter() - started))
+            for name in await asyncio.to_thread(self._adapter_names, root):
+                newest = await asyncio.to_thread(adapters.latest, root, name)
+                if newest is None or (name, newest[0]) in skipped or newest[0] <= self.engine.adapters().get(name, -1):
+                    continue
+                started = time.perf_counter()
+                try:
+                    await self.engine.load_adapter(name, newest[1])
+                except EngineError as exc:
+                    skipped.add((name, newest[0]))
+                    log.error("%s v%d at %s was not loaded: %s", name, newest[0], newest[1], exc)
+                    continue
+                self.swaps.append((time.time(), name, newest[0], time.perf_counter() - started))
+                log.info("serving %s v%d (loaded in %.0f ms)", name, newest[0], 1000 * (time.perf_counter() - started))
+
+    def _adapter_names(self, root: Path) -> list[str]:
+        if not self.per_tenant:
+            return [POLICY]
+        prefix = adapter_name("")  # "policy-"
+        return sorted(d.name for d in root.iterdir() if d.name.startswith(prefix)) if root.is_dir() else []
 
     async def sweep_idle(self) -> None:
         """Close sessions idle for `session_idle_s` (those with a request in flight are kept)."""
@@ -310,7 +332,7 @@ def create_app(engine: Engine, pool: DataPool, config: Config) -> FastAPI:
 
     app = FastAPI(title="Claw-R1 gateway", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.gateway = gateway
-    app.state.trainer_log = MetricsTail(config.data_dir)  # the dashboard's view of the trainer
+    app.state.trainer_logs = {}  # the dashboard's view of the trainer: a MetricsTail per trained adapter
     errors.install(app)
     app.add_middleware(MetricsMiddleware, metrics=gateway.metrics)
 
@@ -320,8 +342,9 @@ def create_app(engine: Engine, pool: DataPool, config: Config) -> FastAPI:
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
-        gateway.authenticate(request)
-        ids = [config.engine.model] + sorted(engine.adapters())
+        caller = gateway.authenticate(request)
+        mine = gateway.adapter_of(caller.tenant)  # a tenant never learns of another's adapter
+        ids = [config.engine.model] + [name for name in sorted(engine.adapters()) if name == mine]
         return {"object": "list", "data": [{"id": i, "object": "model", "created": 0, "owned_by": "clawr1"} for i in ids]}
 
     app.include_router(chat.router)

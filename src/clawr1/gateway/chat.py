@@ -39,7 +39,7 @@ async def chat_completions(gw: Gateway, request: Request, path_ids: tuple[str, s
     tools = req.tool_dicts()
     prompt_ids = gw.engine.render(req.messages, tools)
     samplings = [req.sampling(gw.config.engine.default_max_tokens, i) for i in range(req.n)]
-    streams = gw.start(prompt_ids, samplings)
+    streams = gw.start(prompt_ids, samplings, caller.tenant)
     headers = {k.lower(): v for k, v in request.headers.items()}
     turn = gw.sessions.resolve(caller.tenant, req.messages, headers, path_ids, caller.session_id)
     cid = new_id("chatcmpl-")

@@ -48,7 +48,7 @@ async def text_completions(gw: Gateway, request: Request, path_ids: tuple[str, s
     groups: list[list[GenerationStream]] = []  # one group of n per prompt
     try:
         for ids in prompts:
-            groups.append(gw.start(ids, [req.sampling(i) for i in range(req.n)]))
+            groups.append(gw.start(ids, [req.sampling(i) for i in range(req.n)], caller.tenant))
     except BaseException:
         for streams in groups:
             for s in streams:

@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from clawr1.core.config import TENANT_NAME
 from clawr1.core.records import DEFAULT_TENANT
 from clawr1.datapool.base import UnknownSessionError, UnknownStepError
 from clawr1.gateway.app import Caller, Gateway
@@ -53,6 +54,8 @@ class CloseRequest(BaseModel):
 class NewSession(BaseModel):
     model_config = ConfigDict(extra="ignore")
     session_id: str | None = Field(None, min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_.:-]+$")
+    tenant: str = Field(DEFAULT_TENANT, pattern=TENANT_NAME)
+    """The tenant the session (and its key) belongs to."""
 
 
 def _own(caller: Caller, session_id: str) -> None:
@@ -114,7 +117,7 @@ async def create_session(request: Request) -> dict[str, Any]:
     body = await gw.read(request, NewSession)
     session_id = body.session_id or "s-" + uuid.uuid4().hex[:16]
     key, digest = new_session_key()
-    tenant = DEFAULT_TENANT
+    tenant = body.tenant
     if not await asyncio.to_thread(gw.pool.open_session, session_id, tenant=tenant, key_hash=digest):
         raise APIError(409, f"session {session_id!r} already exists", param="session_id", code="session_exists")
     gw.remember_session_key(digest, tenant, session_id)
@@ -123,9 +126,9 @@ async def create_session(request: Request) -> dict[str, Any]:
 
 
 @router.get("/admin/sessions")
-async def list_sessions(request: Request, limit: int = 100) -> dict[str, Any]:
+async def list_sessions(request: Request, limit: int = 100, tenant: str | None = None) -> dict[str, Any]:
     gw: Gateway = request.app.state.gateway
     gw.require_admin(request)
     if not 1 <= limit <= 10_000:
         raise APIError(400, "limit must be in [1, 10000]", param="limit")
-    return {"object": "list", "data": await asyncio.to_thread(gw.pool.sessions, limit)}
+    return {"object": "list", "data": await asyncio.to_thread(gw.pool.sessions, limit, tenant)}

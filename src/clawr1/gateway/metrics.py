@@ -28,7 +28,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from clawr1.core.config import GatewayConfig
 from clawr1.core.types import Generation, TokenEvent
 from clawr1.gateway.errors import APIError
 
@@ -123,7 +122,7 @@ class _Levels(Collector):
         yield CounterMetricFamily("clawr1_policy_swaps", "Published policy versions loaded and swapped in",
                                   value=len(gw.swaps))
         yield CounterMetricFamily("clawr1_policy_swap_load_seconds", "Time spent loading swapped-in versions",
-                                  value=sum(seconds for _, _, seconds in gw.swaps))
+                                  value=sum(swap[-1] for swap in gw.swaps))
         outcomes: collections.Counter[tuple[int, str]] = collections.Counter()
         counts: collections.Counter[str] = collections.Counter()
         for worker in self.judges:
@@ -208,21 +207,23 @@ class MetricsMiddleware:
                                       time.perf_counter() - started)
 
 
-def authorize(config: GatewayConfig, request: Request) -> None:
-    """The admin key when one is set, else an agent key when those are set, else open (loopback)."""
-    allowed = [config.admin_key] if config.admin_key is not None else config.api_keys
+def authorize(gw: Gateway, request: Request) -> None:
+    """The admin key when one is set, else an agent key (any tenant's) when those are set, else
+    open (loopback)."""
+    admin = gw.config.gateway.admin_key
+    allowed = [admin.encode()] if admin is not None else [key for key, _ in gw.agent_keys]
     if not allowed:
         return
     auth = request.headers.get("authorization", "")
     token = (auth[7:].strip() if auth.startswith("Bearer ") else "").encode()
-    if not any(hmac.compare_digest(token, key.encode()) for key in allowed):
-        which = "the admin key" if config.admin_key is not None else "an API key"
+    if not any(hmac.compare_digest(token, key) for key in allowed):
+        which = "the admin key" if admin is not None else "an API key"
         raise APIError(401, f"/metrics needs {which} (Authorization: Bearer <key>)", code="invalid_api_key")
 
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
-    authorize(gw.config.gateway, request)
+    authorize(gw, request)
     await asyncio.to_thread(gw.metrics.refresh_pool, gw.pool)
     return Response(gw.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -35,11 +35,14 @@ def is_loopback(host: str) -> bool:
 def check_exposure(config: Config) -> str:
     """Refuse to expose an unauthenticated gateway; say how it is protected."""
     gw = config.gateway
-    if not gw.api_keys:
+    keys = len(gw.api_keys) + sum(len(k) for k in config.tenants.keys.values())
+    if not keys:
         if not is_loopback(gw.host):
-            raise UnsafeBindError(f"refusing to bind {gw.host} without API keys: set gateway.api_keys or bind 127.0.0.1")
+            raise UnsafeBindError(f"refusing to bind {gw.host} without API keys: set gateway.api_keys (or "
+                                  "tenants.keys) or bind 127.0.0.1")
         return f"no API keys configured: serving on {gw.host} (loopback) only"
-    return f"{len(gw.api_keys)} API key(s) required"
+    tenants = f" for {len(config.tenants.keys)} named tenant(s) and the default one" if config.tenants.keys else ""
+    return f"{keys} API key(s) required{tenants}"
 
 
 def tune_gc() -> None:

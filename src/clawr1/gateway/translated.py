@@ -48,7 +48,7 @@ class Call:
               reply_id: str, started: float) -> Call:
         """Render and submit (a bad conversation raises here, before any session state moves)."""
         prompt_ids = gw.engine.render(messages, tools)
-        [stream] = gw.start(prompt_ids, [sampling])
+        [stream] = gw.start(prompt_ids, [sampling], caller.tenant)
         headers = {k.lower(): v for k, v in request.headers.items()}
         turn = gw.sessions.resolve(caller.tenant, messages, headers, path_ids, caller.session_id)
         return cls(gw, turn, messages, tools, stream, f"{reply_id}-0", started, len(prompt_ids))

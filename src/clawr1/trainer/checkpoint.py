@@ -16,12 +16,18 @@ from safetensors.torch import load_file, save_file
 from clawr1.trainer.policy import Policy
 
 
-def path_of(data_dir: Path) -> Path:
-    return Path(data_dir) / "trainer" / "checkpoint"
+def path_of(data_dir: Path, tenant: str | None = None) -> Path:
+    return state_dir(data_dir, tenant) / "checkpoint"
 
 
-def exists(data_dir: Path) -> bool:
-    path = path_of(data_dir)
+def state_dir(data_dir: Path, tenant: str | None = None) -> Path:
+    """The trainer's own files (checkpoint, metrics, W&B): per tenant with per-tenant adapters."""
+    root = Path(data_dir) / "trainer"
+    return root if tenant is None else root / "tenants" / tenant
+
+
+def exists(data_dir: Path, tenant: str | None = None) -> bool:
+    path = path_of(data_dir, tenant)
     return (path / "state.json").is_file() or (path.with_name(path.name + ".old") / "state.json").is_file()
 
 

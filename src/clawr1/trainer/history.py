@@ -17,21 +17,24 @@ METRICS_FILE = Path("trainer") / "metrics.jsonl"
 log = logging.getLogger(__name__)
 
 
-def metrics_path(data_dir: Path) -> Path:
-    return Path(data_dir) / METRICS_FILE
+def metrics_path(data_dir: Path, tenant: str | None = None) -> Path:
+    """`trainer/metrics.jsonl`, or `trainer/tenants/<tenant>/metrics.jsonl` for a tenant's adapter."""
+    if tenant is None:
+        return Path(data_dir) / METRICS_FILE
+    return Path(data_dir) / "trainer" / "tenants" / tenant / METRICS_FILE.name
 
 
-def read_metrics(data_dir: Path) -> list[dict[str, Any]]:
+def read_metrics(data_dir: Path, tenant: str | None = None) -> list[dict[str, Any]]:
     """Every complete line of the log (a line still being written is skipped)."""
-    return MetricsTail(data_dir).read()
+    return MetricsTail(data_dir, tenant).read()
 
 
 class MetricsTail:
     """Reads the log incrementally: each `read()` parses only the lines appended since the last one,
     so a dashboard refreshing every few seconds never re-parses a long run's history."""
 
-    def __init__(self, data_dir: Path):
-        self.path = metrics_path(data_dir)
+    def __init__(self, data_dir: Path, tenant: str | None = None):
+        self.path = metrics_path(data_dir, tenant)
         self._offset = 0
         self._rows: list[dict[str, Any]] = []
         self._lock = threading.Lock()  # the dashboard reads from worker threads
@@ -61,9 +64,10 @@ class MetricsLog:
     is installed (`<data_dir>/trainer/tensorboard`); a Weights & Biases run when `wandb_project` is
     set, resumed under the same id after a restart (`<data_dir>/trainer/wandb-run-id`)."""
 
-    def __init__(self, data_dir: Path, wandb_project: str | None = None, run_config: dict[str, Any] | None = None):
-        self.root = Path(data_dir) / "trainer"
-        self.path = metrics_path(data_dir)
+    def __init__(self, data_dir: Path, wandb_project: str | None = None, run_config: dict[str, Any] | None = None,
+                 tenant: str | None = None):
+        self.path = metrics_path(data_dir, tenant)
+        self.root = self.path.parent
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tensorboard = self._tensorboard()
         self.wandb = self._wandb(wandb_project, run_config or {}) if wandb_project else None

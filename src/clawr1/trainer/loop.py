@@ -17,36 +17,45 @@ from typing import Any
 import torch
 
 from clawr1.core.config import Config, public_dump
+from clawr1.core.records import adapter_name
 from clawr1.datapool.base import DataPool
 from clawr1.engine import adapters
 from clawr1.engine.models import resolve_model
 from clawr1.trainer import checkpoint, history
 from clawr1.trainer.batch import Prepared, TrainSample, prepare
 from clawr1.trainer.losses import kl_to_reference, ppo_loss
-from clawr1.trainer.policy import ADAPTER, Policy, pack
+from clawr1.trainer.policy import Policy, pack
 
 log = logging.getLogger(__name__)
 
 
 class Trainer:
-    def __init__(self, config: Config, pool: DataPool, *, resume: bool = True):
-        self.config, self.tc, self.pool = config, config.trainer, pool
+    """Trains one adapter: the shared `policy` on every tenant's samples (`tenant=None`), or one
+    tenant's own adapter on that tenant's samples only. Per-tenant trainers share one `Policy`
+    (one base model, an adapter each) and keep their own optimizer, checkpoint, versions and log."""
+
+    def __init__(self, config: Config, pool: DataPool, *, resume: bool = True, tenant: str | None = None,
+                 policy: Policy | None = None):
+        self.config, self.tc, self.pool, self.tenant = config, config.trainer, pool, tenant
         if self.tc.threads:
             torch.set_num_threads(self.tc.threads)
         self.root = Path(config.data_dir)
         self.adapter_root = self.root / "adapters"
-        self.policy = Policy(resolve_model(config.engine.model, config.data_dir), self.tc)
+        self.adapter = adapter_name(tenant)
+        self.policy = policy or Policy(resolve_model(config.engine.model, config.data_dir), self.tc, self.adapter)
+        self.policy.add(self.adapter)
+        self.policy.activate(self.adapter)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=self.tc.lr, weight_decay=self.tc.weight_decay)
         self.step_count = 0
-        self.version = 0  # the newest policy version this trainer published (0 = base model)
-        self.history = history.MetricsLog(self.root, self.tc.wandb_project, public_dump(config))
+        self.version = 0  # the newest version of this adapter published (0 = base model)
+        self.history = history.MetricsLog(self.root, self.tc.wandb_project, public_dump(config), tenant)
         if resume:
             self.resume()
 
     # ---- persistence ---------------------------------------------------------------------------
     def resume(self) -> None:
-        state = checkpoint.load(checkpoint.path_of(self.root), self.policy, self.optimizer)
-        published = adapters.latest(self.adapter_root, ADAPTER)
+        state = checkpoint.load(checkpoint.path_of(self.root, self.tenant), self.policy, self.optimizer)
+        published = adapters.latest(self.adapter_root, self.adapter)
         if state is not None:
             self.step_count, self.version = state["step"], state["version"]
             if state.get("lease_id"):
@@ -57,14 +66,15 @@ class Trainer:
     # ---- one step ------------------------------------------------------------------------------
     def ready(self) -> bool:
         self.pool.expire_leases()  # a crashed trainer's lease returns its samples here
-        count, oldest = self.pool.ready_state()
+        count, oldest = self.pool.ready_state(self.tenant)
         return count >= self.tc.batch_size or (count > 0 and time.time() - oldest >= self.tc.max_wait_s)
 
     def run_once(self) -> dict[str, Any] | None:
         """Train on one leased batch if one is due; returns the step's metrics."""
         if not self.ready():
             return None
-        lease = self.pool.lease(self.tc.batch_size, current_version=self.version)
+        self.policy.activate(self.adapter)  # another tenant's trainer may have used the shared base
+        lease = self.pool.lease(self.tc.batch_size, current_version=self.version, tenant=self.tenant)
         if not lease.step_ids:
             return None
         started = time.perf_counter()
@@ -72,9 +82,9 @@ class Trainer:
         metrics = self.train_step(samples)
         self.version += 1
         t = time.perf_counter()
-        adapters.publish(self.policy.model, self.adapter_root, ADAPTER, self.version)
+        adapters.publish(self.policy.model, self.adapter_root, self.adapter, self.version)
         metrics["publish_s"] = time.perf_counter() - t
-        checkpoint.save(checkpoint.path_of(self.root), self.policy, self.optimizer,
+        checkpoint.save(checkpoint.path_of(self.root, self.tenant), self.policy, self.optimizer,
                         {"step": self.step_count, "version": self.version, "lease_id": lease.lease_id})
         self.pool.ack(lease)
         metrics.update(version=self.version, lease=len(lease), lease_id=lease.lease_id,

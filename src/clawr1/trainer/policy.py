@@ -18,9 +18,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawr1.core.config import TrainerConfig
+from clawr1.core.records import POLICY
 from clawr1.engine.chat import ChatFormat
 
-ADAPTER = "policy"  # the name the gateway serves
+ADAPTER = POLICY  # the shared adapter's name (per tenant: `adapter_name(tenant)`)
 
 
 @dataclass
@@ -54,21 +55,36 @@ def pack(prompts: list[list[int]], replies: list[list[int]], temperatures: list[
 
 
 class Policy:
-    """Base model + trainable LoRA `policy`; `adapter_off()` gives the base model (KL reference,
-    base teacher) without a second copy of the weights."""
+    """Base model + trainable LoRA adapters (`policy`, or one per tenant); `adapter_off()` gives
+    the base model (KL reference, base teacher) without a second copy of the weights.
 
-    def __init__(self, model_path: Path, config: TrainerConfig):
+    Several adapters share one base (per-tenant training): `activate(name)` makes one the active,
+    and the only trainable, adapter (peft's `set_adapter`); `parameters()`/`named_lora()` are then
+    that adapter's."""
+
+    def __init__(self, model_path: Path, config: TrainerConfig, adapter: str = ADAPTER):
         from peft import LoraConfig, get_peft_model
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.chat = ChatFormat(self.tokenizer)
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        torch.manual_seed(config.seed)  # LoRA A init
-        lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=config.lora_targets,
-                          lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
-        self.model = get_peft_model(base, lora, adapter_name=ADAPTER)
+        self.seed = config.seed
+        self.lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=config.lora_targets,
+                               lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+        torch.manual_seed(self.seed)  # LoRA A init
+        self.model = get_peft_model(base, self.lora, adapter_name=adapter)
         self.model.train()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    def add(self, adapter: str) -> None:
+        """Another adapter on the same base (a no-op when it exists); initialised like the first."""
+        if adapter not in self.model.peft_config:
+            torch.manual_seed(self.seed)
+            self.model.add_adapter(adapter, self.lora)
+
+    def activate(self, adapter: str) -> None:
+        if self.model.active_adapter != adapter:
+            self.model.set_adapter(adapter)  # also makes it the only adapter with requires_grad
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]

@@ -17,6 +17,7 @@ import statistics
 import time
 from typing import TYPE_CHECKING, Any
 
+from clawr1.core.records import DEFAULT_TENANT
 from clawr1.trainer.history import MetricsTail
 
 if TYPE_CHECKING:
@@ -71,22 +72,41 @@ def judge_counts(gw: Gateway) -> dict[str, Any]:
             "errors": errors}
 
 
-def summary(gw: Gateway, tail: MetricsTail, *, sessions: int = 25, samples: int = 25) -> dict[str, Any]:
-    """Everything on the main page. Runs off the event loop (it reads the pool)."""
+def trainer_log(logs: dict[str | None, MetricsTail], gw: Gateway, tenant: str) -> MetricsTail:
+    """The trainer's log of the adapter this tenant is served (kept per adapter: read incrementally)."""
+    key = tenant if gw.per_tenant else None
+    if key not in logs:
+        logs[key] = MetricsTail(gw.config.data_dir, key)
+    return logs[key]
+
+
+def summary(gw: Gateway, logs: dict[str | None, MetricsTail], tenant: str | None = None, *,
+            sessions: int = 25, samples: int = 25) -> dict[str, Any]:
+    """Everything on the main page, of every tenant or one (`tenant`). Versions are those of the
+    adapter the tenant is served: the shared policy, or with per-tenant adapters its own (the
+    default tenant's when none is chosen). Runs off the event loop (it reads the pool)."""
     pool = gw.pool
-    trained = tail.read()
+    served_to = tenant or DEFAULT_TENANT
+    adapter = gw.adapter_of(served_to)
+    trained = trainer_log(logs, gw, served_to).read()
     ready = pool.lease_ready_times([m["lease_id"] for m in trained if m.get("lease_id")])
+    # With per-tenant adapters, a version number means something only within one tenant's line.
+    serving = pool.versions(served_to if gw.per_tenant else tenant)
     return {
         "generated_at": time.time(),
         "model": gw.config.engine.model,
-        "served_version": gw.served_version(),
+        "tenant": tenant,
+        "tenants": [DEFAULT_TENANT, *sorted(gw.config.tenants.keys)],
+        "adapter": adapter,
+        "served_version": gw.served_version(served_to),
         "gateway": {"inflight": gw.pending, "pending_writes": pool.pending_writes(),
-                    "swaps": [{"at": at, "version": v, "load_s": s} for at, v, s in gw.swaps[-20:]]},
-        "pool": pool.stats(),
+                    "swaps": [{"at": at, "adapter": name, "version": v, "load_s": s}
+                              for at, name, v, s in gw.swaps if tenant is None or name == adapter][-20:]},
+        "pool": pool.stats(tenant),
         "judge": judge_counts(gw),
-        "versions": versions(pool.versions(), trained, ready),
-        "sessions": pool.sessions(limit=sessions),
-        "samples": pool.samples(limit=samples),
+        "versions": versions(serving, trained, ready),
+        "sessions": pool.sessions(limit=sessions, tenant=tenant),
+        "samples": pool.samples(limit=samples, tenant=tenant),
     }
 
 

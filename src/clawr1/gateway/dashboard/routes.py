@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import re
 from importlib import resources
 from typing import Any, Literal
 from urllib.parse import parse_qs
@@ -20,6 +21,7 @@ from urllib.parse import parse_qs
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 
+from clawr1.core.config import TENANT_NAME
 from clawr1.gateway.dashboard import data, views
 from clawr1.gateway.errors import APIError
 
@@ -40,9 +42,10 @@ def cookie_token(admin_key: str) -> str:
 
 
 def access(request: Request) -> Access:
-    gw = request.app.state.gateway.config.gateway
+    gateway = request.app.state.gateway
+    gw = gateway.config.gateway
     if gw.admin_key is None:
-        return "disabled" if gw.api_keys else "open"
+        return "disabled" if gateway.agent_keys else "open"
     auth = request.headers.get("authorization", "")
     if auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].strip().encode(), gw.admin_key.encode()):
         return "admin"
@@ -73,9 +76,17 @@ def _note(kind: Access) -> str:
     return "signed in with the admin key" if kind == "admin" else "open: no keys configured, loopback only"
 
 
+def _tenant(request: Request) -> str | None:
+    """`?tenant=NAME`: the dashboard of one tenant (its sessions, samples, adapter); else everyone's."""
+    tenant = request.query_params.get("tenant") or None
+    if tenant is not None and not re.match(TENANT_NAME, tenant):
+        raise APIError(400, f"tenant must match {TENANT_NAME}", param="tenant")
+    return tenant
+
+
 async def _summary(request: Request) -> dict[str, Any]:
     state = request.app.state
-    return await asyncio.to_thread(data.summary, state.gateway, state.trainer_log)
+    return await asyncio.to_thread(data.summary, state.gateway, state.trainer_logs, _tenant(request))
 
 
 @router.get("/dashboard")

@@ -157,10 +157,20 @@ def _page(title: str, body: str, note: str) -> str:
             f'<main>{body}</main><script src="/dashboard/static/dashboard.js"></script></body></html>')
 
 
+def _tenant_picker(s: dict[str, Any]) -> str:
+    """Links to each tenant's own dashboard (shown when tenants are configured)."""
+    if len(s["tenants"]) < 2:
+        return ""
+    links = [f'<a href="/dashboard"{" class=current" if s["tenant"] is None else ""}>all tenants</a>']
+    links += [f'<a href="/dashboard?tenant={quote(t, safe="")}"{" class=current" if s["tenant"] == t else ""}>'
+              f'{escape(t)}</a>' for t in s["tenants"]]
+    return f'<nav class="tenants">tenant: {" · ".join(links)} · versions of <code>{escape(s["adapter"])}</code></nav>'
+
+
 def main_page(s: dict[str, Any], note: str) -> str:
     rendered = panels(s)
-    body = "".join(f'<section><h2>{TITLES[name]}</h2><div data-panel="{name}">{rendered[name]}</div></section>'
-                   for name in PANELS)
+    body = _tenant_picker(s) + "".join(
+        f'<section><h2>{TITLES[name]}</h2><div data-panel="{name}">{rendered[name]}</div></section>' for name in PANELS)
     return _page("Claw-R1 dashboard", body, f"{s['model']} · {note}").replace(
         "<main>", f'<main data-refresh="{REFRESH_S}">', 1)
 

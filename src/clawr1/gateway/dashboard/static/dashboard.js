@@ -8,7 +8,8 @@
   const every = 1000 * Number(main.dataset.refresh || 5);
   async function refresh() {
     try {
-      const response = await fetch("/dashboard/panels", {credentials: "same-origin", cache: "no-store"});
+      const response = await fetch("/dashboard/panels" + window.location.search,  // keeps ?tenant=
+                                   {credentials: "same-origin", cache: "no-store"});
       if (response.status === 401) { window.location.reload(); return; }
       if (!response.ok) throw new Error("HTTP " + response.status);
       const panels = await response.json();
