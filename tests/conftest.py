@@ -53,3 +53,36 @@ def engine(tiny_model_dir: Path):
 def run(coro):
     """Run a coroutine to completion (tests stay plain functions)."""
     return asyncio.run(coro)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server for this test session (started on first use)."""
+    from tests.pg_helpers import PostgresServer
+
+    server = PostgresServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def open_test_pool(request, tmp_path):
+    """`open_test_pool(config=None, like=None)`: a pool on each backend the contract covers."""
+    from clawr1.datapool import SQLitePool
+
+    opened = []
+
+    def make(config=None, like=None):
+        """A new pool; `like=`: a second one on the same database, as another process would open."""
+        if request.param == "postgres":
+            from clawr1.datapool.postgres import PostgresPool
+
+            pool = PostgresPool(like.dsn if like else request.getfixturevalue("postgres").fresh(), config)
+        else:
+            pool = SQLitePool(like.path.parent if like else tmp_path, config)
+        opened.append(pool)
+        return pool
+
+    yield make
+    for pool in opened:
+        pool.close()

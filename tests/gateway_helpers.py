@@ -15,7 +15,7 @@ import httpx
 import uvicorn
 
 from clawr1.core.config import load_config
-from clawr1.datapool import SQLitePool
+from clawr1.datapool import DataPool, open_pool
 from clawr1.gateway.app import create_app
 
 
@@ -26,10 +26,10 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def live_gateway(engine, data_dir: Path, *overrides: str) -> Iterator[tuple[str, SQLitePool]]:
+def live_gateway(engine, data_dir: Path, *overrides: str) -> Iterator[tuple[str, DataPool]]:
     """Serve `engine` on a free port until the block ends; yields (base_url, pool)."""
     config = load_config(None, [f'data_dir="{data_dir}"', *overrides])
-    pool = SQLitePool(data_dir, config.pool)
+    pool = open_pool(config)  # the SQLite file in data_dir, or pool.backend = "postgres"
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(engine, pool, config), host="127.0.0.1", port=port,
                                            log_level="warning"))
@@ -58,7 +58,7 @@ def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def steps_of(pool: SQLitePool, count: int, timeout: float = 10.0):
+def steps_of(pool: DataPool, count: int, timeout: float = 10.0):
     """All stored steps once at least `count` are committed."""
     wait_for(lambda: pool.stats()["steps"] >= count, timeout, f"{count} steps")
     ids = [t["step_id"] for s in pool.sessions(limit=1000) for t in pool.show(s["session_id"])["steps"]]

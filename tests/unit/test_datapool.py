@@ -1,6 +1,7 @@
 """The data pool's log: idempotent writes, next-state pairing, rewards, sessions, reads, export.
 
-Real SQLite files in tmp_path; no mocks.
+The contract runs on both backends, a real SQLite file in tmp_path and a real PostgreSQL server
+(`pool` fixture); what only SQLite has (its file lock, its parameter limit, old files) runs there.
 """
 
 import asyncio
@@ -31,9 +32,9 @@ def make_step(step_id: str, session: str = "s1", turn: int = 0, turn_type: str =
 
 
 @pytest.fixture
-def pool(tmp_path):
-    with SQLitePool(tmp_path) as pool:
-        yield pool
+def pool(open_test_pool):
+    """The contract holds on each backend: the SQLite file and PostgreSQL."""
+    return open_test_pool()
 
 
 def test_every_pool_config_field_has_a_docstring():
@@ -48,8 +49,8 @@ def test_step_round_trips_token_for_token(pool, tmp_path):
     assert pool.append_step(step) is True
     (back,) = pool.get_steps(["a"])
     assert back == step
-    assert (tmp_path / POOL_FILE).exists()
-    assert sqlite3.connect(tmp_path / POOL_FILE).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    if isinstance(pool, SQLitePool):
+        assert sqlite3.connect(tmp_path / POOL_FILE).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
 def test_tokens_and_logprobs_must_line_up():
@@ -228,16 +229,13 @@ def test_a_new_step_reopens_its_closed_session_and_a_replay_does_not(pool):
     assert pool.stats()["open_sessions"] == 1 and pool.stats()["main_steps"] == 4
 
 
-def test_explicit_feedback_is_not_overridden_by_a_later_judge(tmp_path):
-    from clawr1.core.records import Reward
-
-    with SQLitePool(tmp_path) as pool:
-        pool.append_step(make_step("fb-0", "s", 0))
-        pool.add_reward(Reward(step_id="fb-0", score=-1.0, source="feedback"))
-        pool.add_reward(Reward(step_id="fb-0", score=1.0, source="judge"))  # judged before the feedback landed
-        detail = pool.show("fb-0")
-        assert detail["sample"]["reward"] == -1.0
-        assert [r["source"] for r in detail["rewards"]] == ["feedback", "judge"]  # both kept as history
+def test_explicit_feedback_is_not_overridden_by_a_later_judge(pool):
+    pool.append_step(make_step("fb-0", "s", 0))
+    pool.add_reward(Reward(step_id="fb-0", score=-1.0, source="feedback"))
+    pool.add_reward(Reward(step_id="fb-0", score=1.0, source="judge"))  # judged before the feedback landed
+    detail = pool.show("fb-0")
+    assert detail["sample"]["reward"] == -1.0
+    assert [r["source"] for r in detail["rewards"]] == ["feedback", "judge"]  # both kept as history
 
 
 def test_a_pool_from_before_session_keys_is_upgraded(tmp_path):

@@ -1,6 +1,6 @@
 """The training queue: leases, acks, expiry, staleness and the fresh/off-policy mix.
 
-Real SQLite files in tmp_path; no mocks. Expiry uses a real 0.05 s lease.
+Real pools on both backends (a SQLite file, a PostgreSQL server); no mocks. Expiry uses a real 0.05 s lease.
 """
 
 import time
@@ -9,10 +9,10 @@ import pytest
 
 from clawr1.core.config import PoolConfig
 from clawr1.core.records import Reward, Step
-from clawr1.datapool import SQLitePool, UnknownLeaseError
+from clawr1.datapool import DataPool, UnknownLeaseError
 
 
-def ready_steps(pool: SQLitePool, count: int, version: int = 0, prefix: str = "s") -> list[str]:
+def ready_steps(pool: DataPool, count: int, version: int = 0, prefix: str = "s") -> list[str]:
     """Store `count` rewarded main turns produced by `version`; return their ids."""
     ids = [f"{prefix}{version}-{i}" for i in range(count)]
     pool.append_steps(Step(step_id=i, tenant="default", session_id=i, prompt_id=i, turn_index=0, turn_type="main",
@@ -24,12 +24,15 @@ def ready_steps(pool: SQLitePool, count: int, version: int = 0, prefix: str = "s
     return ids
 
 
-def open_pool(tmp_path, **config) -> SQLitePool:
-    return SQLitePool(tmp_path, PoolConfig(**config))
+@pytest.fixture
+def open_pool(open_test_pool):
+    """`open_pool(**config)`: a pool on each backend (SQLite file, PostgreSQL); `like=` another pool
+    opens a second one on the same database, as a second process would."""
+    return lambda like=None, **config: open_test_pool(PoolConfig(**config), like=like)
 
 
-def test_lease_then_ack_consumes_exactly_once(tmp_path):
-    with open_pool(tmp_path) as pool:
+def test_lease_then_ack_consumes_exactly_once(open_pool):
+    with open_pool() as pool:
         ids = ready_steps(pool, 10)
         first = pool.lease(4)
         second = pool.lease(100)
@@ -43,8 +46,8 @@ def test_lease_then_ack_consumes_exactly_once(tmp_path):
         assert (stats["ready"], stats["leased"], stats["consumed"], stats["open_leases"]) == (0, 0, 10, 0)
 
 
-def test_a_double_ack_is_harmless(tmp_path):
-    with open_pool(tmp_path) as pool:
+def test_a_double_ack_is_harmless(open_pool):
+    with open_pool() as pool:
         ready_steps(pool, 3)
         lease = pool.lease(3)
         assert pool.ack(lease) == 3
@@ -55,8 +58,8 @@ def test_a_double_ack_is_harmless(tmp_path):
             pool.ack("no-such-lease")
 
 
-def test_an_expired_lease_returns_its_samples(tmp_path):
-    with open_pool(tmp_path, lease_seconds=0.05) as pool:
+def test_an_expired_lease_returns_its_samples(open_pool):
+    with open_pool(lease_seconds=0.05) as pool:
         ids = ready_steps(pool, 5)
         crashed = pool.lease(5)  # a trainer takes them, then dies without acking
         assert pool.stats()["leased"] == 5
@@ -71,8 +74,8 @@ def test_an_expired_lease_returns_its_samples(tmp_path):
         assert pool.stats()["consumed"] == 5
 
 
-def test_lease_expiry_is_applied_by_lease_and_ack_too(tmp_path):
-    with open_pool(tmp_path, lease_seconds=0.05) as pool:
+def test_lease_expiry_is_applied_by_lease_and_ack_too(open_pool):
+    with open_pool(lease_seconds=0.05) as pool:
         ready_steps(pool, 2)
         first = pool.lease(2)
         time.sleep(0.1)
@@ -83,8 +86,8 @@ def test_lease_expiry_is_applied_by_lease_and_ack_too(tmp_path):
         assert pool.ack(first) == 0
 
 
-def test_stale_samples_are_dropped_with_the_reason(tmp_path):
-    with open_pool(tmp_path, max_staleness=2) as pool:
+def test_stale_samples_are_dropped_with_the_reason(open_pool):
+    with open_pool(max_staleness=2) as pool:
         old = ready_steps(pool, 3, version=0)
         ok = ready_steps(pool, 3, version=3)
         lease = pool.lease(10, current_version=5)  # bound 2: version 3 is fine, version 0 is not
@@ -95,8 +98,8 @@ def test_stale_samples_are_dropped_with_the_reason(tmp_path):
         assert len(pool.lease(10, max_staleness=100, current_version=5)) == 0  # dropped stays dropped
 
 
-def test_stale_samples_can_be_downweighted_instead(tmp_path):
-    with open_pool(tmp_path, stale_policy="downweight", stale_weight=0.25) as pool:
+def test_stale_samples_can_be_downweighted_instead(open_pool):
+    with open_pool(stale_policy="downweight", stale_weight=0.25) as pool:
         old = ready_steps(pool, 2, version=0)
         fresh = ready_steps(pool, 2, version=9)
         lease = pool.lease(4, max_staleness=1, current_version=9)
@@ -106,8 +109,8 @@ def test_stale_samples_can_be_downweighted_instead(tmp_path):
         assert pool.stats()["dropped"] == 0
 
 
-def test_fresh_and_off_policy_samples_mix_by_the_configured_fraction(tmp_path):
-    with open_pool(tmp_path, fresh_fraction=0.75, max_staleness=10) as pool:
+def test_fresh_and_off_policy_samples_mix_by_the_configured_fraction(open_pool):
+    with open_pool(fresh_fraction=0.75, max_staleness=10) as pool:
         older = ready_steps(pool, 20, version=1)
         fresh = ready_steps(pool, 20, version=2)
         lease = pool.lease(8, current_version=2)
@@ -118,23 +121,23 @@ def test_fresh_and_off_policy_samples_mix_by_the_configured_fraction(tmp_path):
         assert len(lease) == 32
 
 
-def test_fresh_samples_are_leased_oldest_first(tmp_path):
-    with open_pool(tmp_path, fresh_fraction=1.0) as pool:
+def test_fresh_samples_are_leased_oldest_first(open_pool):
+    with open_pool(fresh_fraction=1.0) as pool:
         first = ready_steps(pool, 3, prefix="first")
         ready_steps(pool, 3, prefix="later")
         assert list(pool.lease(3).step_ids) == first
 
 
-def test_two_pools_on_one_file_share_the_queue(tmp_path):
-    with open_pool(tmp_path) as gateway, open_pool(tmp_path) as trainer:  # as two processes would
+def test_two_pools_on_one_file_share_the_queue(open_pool):
+    with open_pool() as gateway, open_pool(like=gateway) as trainer:  # as two processes would
         ready_steps(gateway, 6)
         lease = trainer.lease(6)
         assert len(lease) == 6 and gateway.stats()["leased"] == 6
         assert trainer.ack(lease) == 6 and gateway.stats()["consumed"] == 6
 
 
-def test_bad_lease_arguments(tmp_path):
-    with open_pool(tmp_path) as pool:
+def test_bad_lease_arguments(open_pool):
+    with open_pool() as pool:
         with pytest.raises(ValueError):
             pool.lease(0)
         with pytest.raises(ValueError):

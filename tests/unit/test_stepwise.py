@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from clawr1.core.records import Reward, Step
-from clawr1.datapool import SQLitePool
+from clawr1.datapool import DataPool
 from tests.gateway_helpers import live_gateway, steps_of, wait_for
 
 W = 0.25
@@ -24,21 +24,21 @@ def step(session: str, turn: int) -> Step:
                 adapter=None, finish_reason="stop", temperature=1.0)
 
 
-def three_turns(pool: SQLitePool, session: str) -> None:
+def three_turns(pool: DataPool, session: str) -> None:
     pool.append_steps([step(session, t) for t in range(3)])
 
 
-def judge(pool: SQLitePool, session: str) -> None:
+def judge(pool: DataPool, session: str) -> None:
     for turn, score in JUDGE.items():
         pool.add_reward(Reward(step_id=f"{session}-{turn}", score=score, source="judge", votes=[score]))
 
 
-def rewards(pool: SQLitePool, session: str) -> dict[int, float]:
+def rewards(pool: DataPool, session: str) -> dict[int, float]:
     return {s["turn_index"]: s["reward"] for s in pool.show(session)["steps"]}
 
 
-def test_judge_then_close_mixes_the_outcome_into_intermediate_turns(tmp_path):
-    with SQLitePool(tmp_path) as pool:
+def test_judge_then_close_mixes_the_outcome_into_intermediate_turns(open_test_pool):
+    with open_test_pool() as pool:
         three_turns(pool, "a")
         judge(pool, "a")
         assert rewards(pool, "a") == {0: 1.0, 1: -1.0, 2: None}
@@ -51,8 +51,8 @@ def test_judge_then_close_mixes_the_outcome_into_intermediate_turns(tmp_path):
         assert detail["sample"]["status"] == "ready"
 
 
-def test_close_then_judge_gives_the_same_rewards(tmp_path):
-    with SQLitePool(tmp_path) as pool:
+def test_close_then_judge_gives_the_same_rewards(open_test_pool):
+    with open_test_pool() as pool:
         three_turns(pool, "b")
         pool.close_session("b", 1.0, step_weight=W)
         assert rewards(pool, "b") == {0: None, 1: None, 2: 1.0}
@@ -61,8 +61,8 @@ def test_close_then_judge_gives_the_same_rewards(tmp_path):
         assert json.loads(pool.show("b-0")["rewards"][-1]["evidence"])["judge_source"] == "judge"
 
 
-def test_explicit_feedback_still_wins_before_or_after_the_close(tmp_path):
-    with SQLitePool(tmp_path) as pool:
+def test_explicit_feedback_still_wins_before_or_after_the_close(open_test_pool):
+    with open_test_pool() as pool:
         three_turns(pool, "c")
         judge(pool, "c")
         pool.add_feedback(session_id="c", turn_index=1, score=0.5)
@@ -78,8 +78,8 @@ def test_explicit_feedback_still_wins_before_or_after_the_close(tmp_path):
         assert rewards(pool, "d") == {0: MIXED[0], 1: 0.5, 2: 1.0}
 
 
-def test_zero_weight_or_no_outcome_is_todays_behaviour(tmp_path):
-    with SQLitePool(tmp_path) as pool:
+def test_zero_weight_or_no_outcome_is_todays_behaviour(open_test_pool):
+    with open_test_pool() as pool:
         three_turns(pool, "e")
         judge(pool, "e")
         pool.close_session("e", 1.0)

@@ -121,7 +121,7 @@ def cmd_serve(args: argparse.Namespace, config: Config) -> int:
 def cmd_train(args: argparse.Namespace, config: Config) -> int:
     import threading
 
-    from clawr1.datapool import SQLitePool
+    from clawr1.datapool import open_pool
     from clawr1.trainer.checkpoint import exists as checkpoint_exists
     from clawr1.trainer.loop import Trainer
     from clawr1.trainer.tenants import TenantTrainers
@@ -131,7 +131,7 @@ def cmd_train(args: argparse.Namespace, config: Config) -> int:
         return 1
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # finish the current step, then exit
-    with SQLitePool(config.data_dir, config.pool) as pool:
+    with open_pool(config) as pool:
         with err_console.status("Loading the policy ..."):
             trainer = TenantTrainers(config, pool) if config.tenants.adapter_per_tenant else Trainer(config, pool)
         where = (f"one adapter per tenant, resumed {trainer.versions()}" if isinstance(trainer, TenantTrainers)
@@ -329,9 +329,9 @@ def cmd_run_agent(args: argparse.Namespace, config: Config) -> int:
 
 
 def cmd_pool(args: argparse.Namespace, config: Config) -> int:
-    from clawr1.datapool import SQLitePool
+    from clawr1.datapool import open_pool
 
-    pool = SQLitePool(config.data_dir, config.pool)
+    pool = open_pool(config)
     try:
         if args.action == "stats":
             from clawr1.engine import adapters

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"
-SECRET_FIELDS = frozenset({"api_keys", "admin_key", "judge_api_key", "keys"})
+SECRET_FIELDS = frozenset({"api_keys", "admin_key", "judge_api_key", "keys", "postgres_dsn"})
 TENANT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # safe as a directory and an adapter name
 
 
@@ -58,6 +58,14 @@ class EngineConfig(_Section):
 
 
 class PoolConfig(_Section):
+    backend: Literal["sqlite", "postgres"] = "sqlite"
+    """Where the pool lives: `sqlite`, one file in the data dir (one machine); `postgres`, a
+    PostgreSQL database (`postgres_dsn`) that gateways and trainers on several hosts share."""
+
+    postgres_dsn: str | None = Field(None, min_length=1, max_length=4096)
+    """libpq connection string or URL for `backend = "postgres"`, e.g.
+    `postgresql://clawr1@db.internal/clawr1`. A secret (it may hold a password): never printed."""
+
     synchronous: Literal["FULL", "NORMAL"] = "FULL"
     """SQLite `synchronous` in WAL mode. FULL fsyncs the WAL at every commit, so an acknowledged
     write survives a process kill *and* a power cut; group commit pays that fsync once per batch.

@@ -1,5 +1,10 @@
 """The data pool: a durable, append-only log of steps, rewards, hints and session events, and the
-queue of samples the trainer leases. `SQLitePool` is the embedded implementation."""
+queue of samples the trainer leases. `SQLitePool` is the embedded implementation; `PostgresPool`
+(`clawr1.datapool.postgres`) the shared one. `open_pool(config)` opens whichever is configured."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from clawr1.datapool.base import (
     DataPool,
@@ -10,6 +15,21 @@ from clawr1.datapool.base import (
 )
 from clawr1.datapool.sqlite import POOL_FILE, SQLitePool
 
+if TYPE_CHECKING:
+    from clawr1.core.config import Config
+
+
+def open_pool(config: Config) -> DataPool:
+    """The pool `config.pool.backend` names (`config`: the whole `Config`, for the data dir)."""
+    if config.pool.backend == "postgres":
+        if not config.pool.postgres_dsn:
+            raise ValueError('pool.backend = "postgres" needs pool.postgres_dsn')
+        from clawr1.datapool.postgres import PostgresPool
+
+        return PostgresPool(config.pool.postgres_dsn, config.pool)
+    return SQLitePool(config.data_dir, config.pool)
+
+
 __all__ = [
     "POOL_FILE",
     "DataPool",
@@ -18,4 +38,5 @@ __all__ = [
     "UnknownLeaseError",
     "UnknownSessionError",
     "UnknownStepError",
+    "open_pool",
 ]

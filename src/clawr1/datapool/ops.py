@@ -28,7 +28,8 @@ _TENANT, _SESSION, _TURN, _TYPE, _VERSION, _CREATED = (STEP_COLUMNS.index(c) for
 
 # A step arriving for a closed session (a client that kept its session id) reopens it.
 _UPSERT_SESSIONS = """INSERT INTO sessions (tenant, session_id, status, created_at, updated_at) VALUES {rows}
-ON CONFLICT DO UPDATE SET updated_at = max(updated_at, excluded.updated_at), status = 'open', closed_at = NULL"""
+ON CONFLICT (tenant, session_id) DO UPDATE SET status = 'open', closed_at = NULL, updated_at =
+CASE WHEN excluded.updated_at > sessions.updated_at THEN excluded.updated_at ELSE sessions.updated_at END"""
 _INSERT_SAMPLES = """INSERT INTO samples (step_id, tenant, session_id, turn_index, policy_version, next_step_id,
 status, weight, updated_at) VALUES {rows}"""
 _RELINK = """WITH v(next_step_id, step_id) AS (VALUES {rows})
@@ -37,7 +38,7 @@ UPDATE samples SET next_step_id = v.next_step_id FROM v WHERE samples.step_id = 
 # range, and every one at the nearest turn index on each side of it. As one JSON row: each row
 # fetched is a GIL round trip, and one costs up to a switch interval (5 ms) while callers encode.
 _NEIGHBOURS = """WITH b(tenant, session_id, lo, hi) AS (VALUES {rows})
-SELECT json_group_array(json_array(s.tenant, s.session_id, s.turn_index, s.step_id, s.next_step_id))
+SELECT {columns}
 FROM b JOIN samples s
 ON s.tenant = b.tenant AND s.session_id = b.session_id AND s.turn_index
 BETWEEN coalesce((SELECT max(p.turn_index) FROM samples p
@@ -60,6 +61,18 @@ def _with_rows(conn: sqlite3.Connection, sql: str, one_row: str, rows: list[tupl
     return out
 
 
+_COLUMNS = "s.tenant, s.session_id, s.turn_index, s.step_id, s.next_step_id"
+
+
+def _neighbours(conn: sqlite3.Connection, bounds: list[tuple]) -> list[tuple]:
+    """The stored neighbours of new turns (see `_NEIGHBOURS`); SQLite's come as one JSON row."""
+    if not isinstance(conn, sqlite3.Connection):  # PostgreSQL: plain rows, fetched in bulk by the driver
+        return [tuple(row) for row in _with_rows(conn, _NEIGHBOURS.replace("{columns}", _COLUMNS), "(?, ?, ?, ?)",
+                                                  bounds)]
+    query = _NEIGHBOURS.replace("{columns}", f"json_group_array(json_array({_COLUMNS}))")
+    return [tuple(n) for (found,) in _with_rows(conn, query, "(?, ?, ?, ?)", bounds) for n in json.loads(found)]
+
+
 def _link(conn: sqlite3.Connection, main: list[tuple]) -> tuple[dict[str, str | None], list[tuple]]:
     """Next-state links for new main turns `main` (step_id, tenant, session_id, turn_index, ...),
     computed before their samples are inserted so each is written once, with its link.
@@ -72,9 +85,8 @@ def _link(conn: sqlite3.Connection, main: list[tuple]) -> tuple[dict[str, str | 
     for step_id, tenant, session_id, turn, *_ in main:
         sessions.setdefault((tenant, session_id), []).append((turn, step_id, True, None))
     bounds = [(*key, min(t[0] for t in turns), max(t[0] for t in turns)) for key, turns in sessions.items()]
-    for (found,) in _with_rows(conn, _NEIGHBOURS, "(?, ?, ?, ?)", bounds):
-        for tenant, session_id, turn, step_id, next_id in json.loads(found):
-            sessions[(tenant, session_id)].append((turn, step_id, False, next_id))
+    for tenant, session_id, turn, step_id, next_id in _neighbours(conn, bounds):
+        sessions[(tenant, session_id)].append((turn, step_id, False, next_id))
     links: dict[str, str | None] = {}
     updates = []
     for turns in sessions.values():
@@ -347,8 +359,8 @@ def expire_leases(conn: sqlite3.Connection, now: float) -> int:
 
 
 _PICK = """SELECT step_id, policy_version, weight, reward, reason FROM samples
-WHERE status = 'ready' AND policy_version {cmp} ? AND (? IS NULL OR tenant = ?)
-ORDER BY policy_version DESC, ready_at LIMIT ?"""
+WHERE status = 'ready' AND policy_version {cmp} ? AND tenant = coalesce(?, tenant)
+ORDER BY policy_version DESC, ready_at LIMIT ?{lock}"""
 
 
 def lease(conn: sqlite3.Connection, lease_id: str, n: int, max_staleness: int, current_version: int,
@@ -360,14 +372,16 @@ def lease(conn: sqlite3.Connection, lease_id: str, n: int, max_staleness: int, c
     # adapters, only that tenant's samples (its own version line).
     if config.stale_policy == "drop":
         conn.execute("UPDATE samples SET status = 'dropped', reason = 'stale', updated_at = ? "
-                     "WHERE status = 'ready' AND policy_version < ? AND (? IS NULL OR tenant = ?)",
-                     (now, floor, tenant, tenant))
+                     "WHERE status = 'ready' AND policy_version < ? AND tenant = coalesce(?, tenant)",
+                     (now, floor, tenant))
     else:
         conn.execute("UPDATE samples SET weight = ?, reason = 'stale', updated_at = ? "
-                     "WHERE status = 'ready' AND policy_version < ? AND reason IS NOT 'stale' "
-                     "AND (? IS NULL OR tenant = ?)", (config.stale_weight, now, floor, tenant, tenant))
-    fresh = conn.execute(_PICK.format(cmp=">="), (current_version, tenant, tenant, n)).fetchall()
-    older = conn.execute(_PICK.format(cmp="<"), (current_version, tenant, tenant, n)).fetchall()
+                     "WHERE status = 'ready' AND policy_version < ? AND coalesce(reason, '') <> 'stale' "
+                     "AND tenant = coalesce(?, tenant)", (config.stale_weight, now, floor, tenant))
+    # Several trainers on one PostgreSQL pool: each takes rows no other open lease is taking.
+    lock = "" if isinstance(conn, sqlite3.Connection) else " FOR UPDATE SKIP LOCKED"
+    fresh = conn.execute(_PICK.format(cmp=">=", lock=lock), (current_version, tenant, n)).fetchall()
+    older = conn.execute(_PICK.format(cmp="<", lock=lock), (current_version, tenant, n)).fetchall()
     # Aim for the configured share of fresh samples; either kind fills in when the other is short.
     take_fresh = min(len(fresh), max(round(n * config.fresh_fraction), n - len(older)))
     chosen = fresh[:take_fresh] + older[:n - take_fresh]

@@ -23,7 +23,7 @@ def _one(conn: sqlite3.Connection, sql: str, *params: Any) -> Any:
 
 
 def stats(conn: sqlite3.Connection, tenant: str | None = None) -> dict[str, Any]:
-    mine = "(?1 IS NULL OR tenant = ?1)"  # one tenant's counts, or everyone's
+    mine = "tenant = coalesce(?1, tenant)"  # one tenant's counts, or everyone's (NULL: all)
 
     def one(sql: str) -> Any:
         sql = sql.format(mine=mine)
@@ -57,7 +57,7 @@ _SESSION_COLUMNS = "s.tenant, s.session_id, s.status, s.created_at, s.updated_at
 def sessions(conn: sqlite3.Connection, limit: int, tenant: str | None = None) -> list[dict[str, Any]]:
     rows = conn.execute(
         f"SELECT {_SESSION_COLUMNS}, (SELECT count(*) FROM steps t WHERE t.tenant = s.tenant AND t.session_id = s.session_id) AS steps "
-        "FROM sessions s WHERE ?2 IS NULL OR s.tenant = ?2 ORDER BY s.updated_at DESC LIMIT ?1", (limit, tenant)).fetchall()
+        "FROM sessions s WHERE s.tenant = coalesce(?2, s.tenant) ORDER BY s.updated_at DESC LIMIT ?1", (limit, tenant)).fetchall()
     return [dict(row) for row in rows]
 
 
@@ -66,7 +66,7 @@ def samples(conn: sqlite3.Connection, limit: int, status: str | None, tenant: st
         raise ValueError(f"sample status must be one of {', '.join(SAMPLE_STATUSES)}, got {status!r}")
     rows = conn.execute(
         "SELECT step_id, tenant, session_id, turn_index, policy_version, status, reward, weight, reason, lease_id, "
-        "ready_at, updated_at FROM samples WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR tenant = ?2) "
+        "ready_at, updated_at FROM samples WHERE status = coalesce(?1, status) AND tenant = coalesce(?2, tenant) "
         "ORDER BY updated_at DESC LIMIT ?3", (status, tenant, limit)).fetchall()
     return [dict(row) for row in rows]
 
@@ -74,8 +74,9 @@ def samples(conn: sqlite3.Connection, limit: int, status: str | None, tenant: st
 def versions(conn: sqlite3.Connection, tenant: str | None) -> list[dict[str, Any]]:
     rows = conn.execute(
         "SELECT policy_version AS version, count(*) AS turns, count(reward) AS rewarded, avg(reward) AS mean_reward, "
-        "coalesce(sum(reward > 0), 0) AS approved, coalesce(sum(reward < 0), 0) AS corrected FROM samples "
-        "WHERE ?1 IS NULL OR tenant = ?1 GROUP BY policy_version ORDER BY policy_version", (tenant,)).fetchall()
+        "sum(CASE WHEN reward > 0 THEN 1 ELSE 0 END) AS approved, "
+        "sum(CASE WHEN reward < 0 THEN 1 ELSE 0 END) AS corrected FROM samples "
+        "WHERE tenant = coalesce(?1, tenant) GROUP BY policy_version ORDER BY policy_version", (tenant,)).fetchall()
     # min() per group on the (policy_version, created_at) index: one seek per version, no row scan.
     first = dict(conn.execute("SELECT policy_version, min(created_at) FROM steps GROUP BY policy_version").fetchall())
     served = {row["version"]: dict(row) for row in rows}
@@ -116,7 +117,7 @@ def get_steps(conn: sqlite3.Connection, step_ids: list[str]) -> list[Step]:
 def ready_state(conn: sqlite3.Connection, tenant: str | None = None) -> tuple[int, float | None]:
     """(READY samples, when the oldest of them became ready): the trainer's "is a batch due?"."""
     count, oldest = conn.execute("SELECT count(*), min(ready_at) FROM samples WHERE status = 'ready' "
-                                 "AND (?1 IS NULL OR tenant = ?1)", (tenant,)).fetchone()
+                                 "AND tenant = coalesce(?1, tenant)", (tenant,)).fetchone()
     return count, oldest
 
 
@@ -172,8 +173,8 @@ def show(conn: sqlite3.Connection, ident: str, tenant: str | None) -> dict[str, 
     row = conn.execute(f"{_STEP_WITH_NEXT} WHERE t.step_id = ?", (ident,)).fetchone()
     if row is not None:
         return {"kind": "step", **_step_detail(conn, row)}
-    found = conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions s WHERE session_id = ? AND (? IS NULL OR tenant = ?)",
-                         (ident, tenant, tenant)).fetchall()
+    found = conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions s WHERE session_id = ? "
+                         "AND tenant = coalesce(?, tenant)", (ident, tenant)).fetchall()
     if not found:
         raise KeyError(f"no step or session {ident!r}")
     if len(found) > 1:

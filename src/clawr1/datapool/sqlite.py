@@ -1,190 +1,36 @@
-"""The embedded data pool: one SQLite file (`<data_dir>/pool.sqlite3`) in WAL mode.
-
-Every change goes through this process's group-commit writer thread; reads use a separate
-connection and never wait for it. Several processes (gateway, trainer, CLI) may open the same
-file: SQLite's lock serialises their write transactions, each waiting up to `busy_timeout_s`.
+"""The embedded data pool: one SQLite file (`<data_dir>/pool.sqlite3`) in WAL mode (see `schema.connect`
+for why an acknowledged write survives a crash). Several processes (gateway, trainer, CLI) may open
+the same file: SQLite's lock serialises their write transactions, each waiting up to `busy_timeout_s`.
 """
 
 from __future__ import annotations
 
 import sqlite3
-import threading
-import time
-import uuid
-from concurrent.futures import Future
-from dataclasses import replace
-from functools import partial
 from pathlib import Path
-from typing import Any, Iterable
 
 from clawr1.core.config import PoolConfig
-from clawr1.core.records import DEFAULT_TENANT, Hint, Lease, Reward, Step
-from clawr1.datapool import ops, queries
-from clawr1.datapool.base import DataPool, ExportFilter, ExportFormat
-from clawr1.datapool.schema import connect, ensure_schema, step_row
-from clawr1.datapool.writer import GroupCommitWriter, run_each
+from clawr1.datapool.schema import connect, ensure_schema
+from clawr1.datapool.sql import SQLPool
 
 POOL_FILE = "pool.sqlite3"
 
 
-def _snapshot(conn: sqlite3.Connection, fn: Any, *args: Any) -> Any:
-    """Run a read inside one read transaction: every query of it sees the same committed state."""
-    conn.execute("BEGIN")
-    try:
-        return fn(conn, *args)
-    finally:
-        conn.execute("COMMIT")  # ends a read transaction; nothing was written
-
-
-class SQLitePool(DataPool):
-    """`DataPool` on SQLite. Thread-safe; async callers wrap `submit_step`'s future."""
+class SQLitePool(SQLPool):
+    """`DataPool` on a SQLite file."""
 
     def __init__(self, data_dir: Path, config: PoolConfig | None = None):
-        self.config = config or PoolConfig()
         self.path = Path(data_dir) / POOL_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        super().__init__(config)
+
+    def _connect(self, write: bool) -> sqlite3.Connection:
         conn = connect(self.path, self.config)
-        ensure_schema(conn)
-        self._writer = GroupCommitWriter(conn, self.config.group_commit_max, self.config.writer_queue,
-                                         self.config.commit_linger_ms / 1000, (ops.insert_steps,))
-        self._reader = connect(self.path, self.config)
-        self._reader.row_factory = sqlite3.Row
-        self._read_lock = threading.Lock()
+        if write:
+            ensure_schema(conn)
+        else:
+            conn.row_factory = sqlite3.Row
+        return conn
 
-    # -- writing -------------------------------------------------------------------------------
-
-    def submit_step(self, step: Step) -> Future[bool]:
-        if not isinstance(step, Step):
-            raise TypeError(f"expected a Step, got {type(step).__name__}")
-        # Encoded here, in the caller's thread, so the single writer only runs SQL.
-        return self._writer.submit(ops.insert_steps, step_row(step))
-
-    def close_session(self, session_id: str, outcome_reward: float | None = None, *,
-                      tenant: str = DEFAULT_TENANT, reason: str = "closed", step_weight: float = 0.0) -> bool:
-        if outcome_reward is not None and not -1.0 <= outcome_reward <= 1.0:
-            raise ValueError(f"outcome_reward must be in [-1, 1], got {outcome_reward}")
-        if not 0.0 <= step_weight <= 1.0:
-            raise ValueError(f"step_weight must be in [0, 1], got {step_weight}")
-        return self._writer.run(partial(ops.close_session, tenant=tenant, session_id=session_id,
-                                        outcome=outcome_reward, reason=reason, step_weight=step_weight))
-
-    def open_session(self, session_id: str, *, tenant: str = DEFAULT_TENANT, key_hash: str | None = None) -> bool:
-        if not session_id or not tenant:
-            raise ValueError("session_id and tenant must be non-empty")
-        return self._writer.run(partial(ops.open_session, tenant=tenant, session_id=session_id, key_hash=key_hash))
-
-    def close_idle(self, idle_s: float, keep: Iterable[tuple[str, str]] = ()) -> list[tuple[str, str]]:
-        return self._writer.run(partial(ops.close_idle, idle_before=time.time() - idle_s, keep=set(keep)))
-
-    def add_feedback(self, *, tenant: str = DEFAULT_TENANT, session_id: str | None = None,
-                     turn_index: int | None = None, completion_id: str | None = None,
-                     score: float | None = None, correction: str | None = None) -> list[str]:
-        if (session_id is None) == (completion_id is None):
-            raise ValueError("name exactly one of session_id or completion_id")
-        if score is None and not (correction and correction.strip()):
-            raise ValueError("feedback needs a score, a correction, or both")
-        if score is not None and not -1.0 <= score <= 1.0:
-            raise ValueError(f"score must be in [-1, 1], got {score}")
-        return self._writer.run(partial(ops.add_feedback, tenant=tenant, session_id=session_id,
-                                        turn_index=turn_index, completion_id=completion_id, score=score,
-                                        correction=correction.strip() if correction else None))
-
-    def submit_reward(self, reward: Reward) -> Future[None]:
-        if not isinstance(reward, Reward):
-            raise TypeError(f"expected a Reward, got {type(reward).__name__}")
-        return self._writer.submit(run_each, partial(ops.add_reward, reward=reward))
-
-    def add_hint(self, hint: Hint) -> None:
-        self._writer.run(partial(ops.add_hint, hint=hint))
-
-    def mark_ready(self, step_id: str) -> bool:
-        return self._writer.run(partial(ops.mark_ready, step_id=step_id))
-
-    # -- training ------------------------------------------------------------------------------
-
-    def lease(self, n: int, max_staleness: int | None = None, current_version: int = 0,
-              tenant: str | None = None) -> Lease:
-        if n < 1:
-            raise ValueError(f"lease size must be >= 1, got {n}")
-        staleness = self.config.max_staleness if max_staleness is None else max_staleness
-        if staleness < 0:
-            raise ValueError(f"max_staleness must be >= 0, got {staleness}")
-        return self._writer.run(partial(ops.lease, lease_id=uuid.uuid4().hex, n=n, max_staleness=staleness,
-                                        current_version=current_version, config=self.config, tenant=tenant))
-
-    def ack(self, lease: Lease | str) -> int:
-        if isinstance(lease, Lease):
-            if not lease.step_ids:
-                return 0  # an empty lease was never recorded
-            lease = lease.lease_id
-        return self._writer.run(partial(ops.ack, lease_id=lease))
-
-    def expire_leases(self) -> int:
-        return self._writer.run(lambda conn: ops.expire_leases(conn, time.time()))
-
-    # -- reading -------------------------------------------------------------------------------
-
-    def _read(self, fn: Any, *args: Any) -> Any:
-        with self._read_lock:
-            return _snapshot(self._reader, fn, *args)
-
-    def get_steps(self, step_ids: Iterable[str]) -> list[Step]:
-        return self._read(queries.get_steps, list(step_ids))
-
-    def last_turn(self, session_id: str, tenant: str = DEFAULT_TENANT) -> int | None:
-        return self._read(queries.last_turn, tenant, session_id)
-
-    def session_by_key(self, key_hash: str) -> tuple[str, str, str] | None:
-        return self._read(queries.session_by_key, key_hash)
-
-    def ready_state(self, tenant: str | None = None) -> tuple[int, float | None]:
-        return self._read(queries.ready_state, tenant)
-
-    def ready_tenants(self) -> list[str]:
-        return self._read(queries.ready_tenants)
-
-    def hints(self, step_ids: Iterable[str]) -> dict[str, str]:
-        return self._read(queries.hints, list(step_ids))
-
-    def unjudged(self, limit: int = 64) -> list[str]:
-        return self._read(queries.unjudged, limit)
-
-    def pending_writes(self) -> int:
-        return self._writer.pending()
-
-    def stats(self, tenant: str | None = None) -> dict[str, Any]:
+    def _db_bytes(self) -> int:
         files = (self.path, self.path.with_name(self.path.name + "-wal"))
-        return {**self._read(queries.stats, tenant), "db_bytes": sum(f.stat().st_size for f in files if f.exists())}
-
-    def sessions(self, limit: int = 100, tenant: str | None = None) -> list[dict[str, Any]]:
-        return self._read(queries.sessions, limit, tenant)
-
-    def samples(self, limit: int = 50, status: str | None = None, tenant: str | None = None) -> list[dict[str, Any]]:
-        return self._read(queries.samples, limit, status, tenant)
-
-    def versions(self, tenant: str | None = None) -> list[dict[str, Any]]:
-        return self._read(queries.versions, tenant)
-
-    def lease_ready_times(self, lease_ids: Iterable[str]) -> dict[str, list[float]]:
-        return self._read(queries.lease_ready_times, list(lease_ids))
-
-    def show(self, ident: str, tenant: str | None = None) -> dict[str, Any]:
-        return self._read(queries.show, ident, tenant)
-
-    def export(self, path: Path, format: ExportFormat = "jsonl", *, rewarded_only: bool = False,
-               filters: ExportFilter | None = None) -> int:
-        filters = filters or ExportFilter()
-        if rewarded_only:
-            filters = replace(filters, rewarded_only=True)
-        # Its own connection: a long export must not hold the lock that stats() needs.
-        conn = connect(self.path, self.config)
-        conn.row_factory = sqlite3.Row
-        try:
-            return _snapshot(conn, queries.export, Path(path), format, filters)
-        finally:
-            conn.close()
-
-    def close(self) -> None:
-        self._writer.close()
-        with self._read_lock:
-            self._reader.close()
+        return sum(f.stat().st_size for f in files if f.exists())

@@ -14,6 +14,7 @@ back and forth, and while callers encode steps each reacquisition can wait a swi
 from __future__ import annotations
 
 import queue
+import random
 import sqlite3
 import threading
 import time
@@ -36,8 +37,9 @@ class GroupCommitWriter:
     """Owns the write connection; everything that changes the pool in this process goes through it."""
 
     def __init__(self, conn: sqlite3.Connection, max_batch: int, max_queue: int, linger_s: float = 0.0,
-                 linger_ops: tuple[BatchOp, ...] = ()):
+                 linger_ops: tuple[BatchOp, ...] = (), retryable: Callable[[BaseException], bool] | None = None):
         self._conn = conn
+        self._retryable = retryable or (lambda error: False)
         self._max_batch = max_batch
         self._linger_s, self._linger_ops = linger_s, linger_ops
         self._queue: queue.Queue = queue.Queue(max_queue)
@@ -107,7 +109,7 @@ class GroupCommitWriter:
             if batch:
                 self._commit(batch)
 
-    def _commit(self, batch: list[tuple[BatchOp, Any, Future]]) -> None:
+    def _commit(self, batch: list[tuple[BatchOp, Any, Future]], attempt: int = 0) -> None:
         conn = self._conn
         in_op = False
         try:
@@ -121,6 +123,12 @@ class GroupCommitWriter:
         except Exception as error:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
+            if self._retryable(error) and attempt < 20:
+                # A concurrent writer (another gateway on PostgreSQL) won a conflict: nothing of this
+                # batch happened, so running it again is exact. Back off a little, with jitter.
+                time.sleep(min(0.2, 0.002 * 2 ** attempt) * (0.5 + random.random()))
+                self._commit(batch, attempt + 1)
+                return
             if in_op and len(batch) > 1:
                 # One bad write must not fail its neighbours: retry each alone, so only it fails.
                 # (A failed BEGIN or COMMIT -- lock timeout, I/O error -- is shared: no retry.)

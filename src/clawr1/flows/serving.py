@@ -20,7 +20,7 @@ from typing import Any
 import uvicorn
 
 from clawr1.core.config import Config
-from clawr1.datapool import SQLitePool
+from clawr1.datapool import DataPool, open_pool
 from clawr1.engine import load_engine
 from clawr1.engine.base import Engine
 from clawr1.gateway.app import create_app
@@ -33,7 +33,7 @@ START_TIMEOUT_S = 300.0  # converting the embedded model on first use takes a wh
 @dataclass
 class Served:
     root: str  # http://127.0.0.1:PORT
-    pool: SQLitePool
+    pool: DataPool
     engine: Engine
     api_key: str | None  # what agents send (the first `gateway.api_keys`, if any)
     failures: list[BaseException] = field(default_factory=list)
@@ -52,7 +52,7 @@ def serve_in_process(config: Config, *, judge: Judge | None = None, reward: bool
     config.gateway.host = "127.0.0.1"  # an offline run is never exposed, whatever the config says
     engine = load_engine(config)
     try:
-        pool = SQLitePool(config.data_dir, config.pool)
+        pool = open_pool(config)
     except BaseException:
         asyncio.run(engine.close())
         raise

@@ -12,7 +12,7 @@ from typing import Any
 import uvicorn
 
 from clawr1.core.config import Config
-from clawr1.datapool import SQLitePool
+from clawr1.datapool import open_pool
 from clawr1.engine import load_engine
 from clawr1.gateway.app import Gateway, create_app
 
@@ -60,7 +60,7 @@ async def serve(config: Config, on_ready: Callable[[int, str], None] | None = No
     the engine and pool (the reward worker under `clawr1 up`); they stop with the server."""
     note = check_exposure(config)
     engine = load_engine(config)
-    pool = SQLitePool(config.data_dir, config.pool)
+    pool = open_pool(config)
     app = create_app(engine, pool, config)
     tune_gc()
     jobs = [asyncio.create_task(job) for job in (workers(app.state.gateway) if workers else [])]
