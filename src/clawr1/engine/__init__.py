@@ -1,5 +1,6 @@
 """Serving a model: chat template -> prompt ids, generation with sampled ids + logprobs, scoring,
-LoRA adapters by name with atomic version swaps. `Engine` is the whole contract."""
+LoRA adapters by name with atomic version swaps. `Engine` is the whole contract; the local engine,
+vLLM and SGLang stand behind it (`engine.backend`)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,22 @@ from clawr1.engine.local import LocalEngine
 from clawr1.engine.models import resolve_model
 
 
-def load_engine(config: Config) -> LocalEngine:
-    """The local engine for `config.engine.model` (converting the embedded model on first use)."""
+def load_engine(config: Config) -> Engine:
+    """The engine `config.engine.backend` names, for `config.engine.model` (the embedded model is
+    converted on first use; a remote engine reads only its tokenizer and chat template)."""
     path: Path = resolve_model(config.engine.model, config.data_dir)
-    return LocalEngine.load(path, config.engine)
+    backend = config.engine.backend
+    if backend == "local":
+        return LocalEngine.load(path, config.engine)
+    if not config.engine.url:
+        raise ValueError(f'engine.backend = "{backend}" needs engine.url (the server\'s base URL)')
+    if backend == "vllm":
+        from clawr1.engine.vllm import VLLMEngine
+
+        return VLLMEngine(path, config.engine)
+    from clawr1.engine.sglang import SGLangEngine
+
+    return SGLangEngine(path, config.engine)
 
 
 __all__ = ["Engine", "GenerationStream", "LocalEngine", "load_engine"]

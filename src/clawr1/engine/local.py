@@ -45,6 +45,7 @@ from clawr1.engine import adapters as store
 from clawr1.engine.batch import KVBatch, sample
 from clawr1.engine.chat import ChatFormat
 from clawr1.engine.slots import AdapterSlots
+from clawr1.engine.text import flush, visible_delta
 
 log = logging.getLogger(__name__)
 BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
@@ -338,29 +339,13 @@ class LocalEngine:
                 reason = "stop"
             elif len(gen.token_ids) >= request.max_tokens:
                 reason = "length"
-        text = self._flush(request) if reason else self._visible_delta(request)
+        if reason:
+            text, request.emitted = flush(gen, request.emitted)
+        else:
+            text, request.emitted = visible_delta(gen.text, request.emitted, s.stop)
         request.send(TokenEvent(token, logprob, text))
         if reason:
             self._finish(request, reason)
-
-    def _visible_delta(self, request: _Request) -> str:
-        """New text that is safe to show: no half UTF-8 character, no possible stop prefix."""
-        text = request.gen.text
-        end = len(text.rstrip("\ufffd"))
-        for stop in request.sampling.stop:
-            for n in range(min(len(stop) - 1, end), 0, -1):
-                if text[end - n:end] == stop[:n]:
-                    end -= n
-                    break
-        delta = text[request.emitted:end] if end > request.emitted else ""
-        request.emitted = max(request.emitted, end)
-        return delta
-
-    def _flush(self, request: _Request) -> str:
-        content = request.gen.content
-        delta = content[request.emitted:]
-        request.emitted = len(content)
-        return delta
 
     def _finish(self, request: _Request, reason: str) -> None:
         if request.gen.finish_reason is None:

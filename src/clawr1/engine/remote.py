@@ -1,0 +1,280 @@
+"""The Engine contract over an HTTP inference server (vLLM, SGLang): token ids in, sampled token ids
+and their logprobs out. Rendering, parsing, stop sequences and the streamed text stay here, with
+the served model's own tokenizer and chat template, so the prompt ids the server saw and the ids it
+sampled are exactly what is recorded: nothing is ever re-tokenised from text.
+
+A backend says how to sample (`_sample`: an async iterator of (token id, logprob)), score, and
+load or unload a LoRA adapter on its server. Versions: each published version is loaded under its
+own server-side name (`policy@v7`); the name clients use flips to it atomically, requests already
+running finish on the one they started with, and a retired version is unloaded from the server
+once nothing holds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+from transformers import AutoTokenizer
+
+from clawr1.core.config import EngineConfig
+from clawr1.core.types import (
+    AdapterError,
+    ContextLengthError,
+    EngineFailure,
+    EngineOverloadedError,
+    Generation,
+    InvalidRequestError,
+    ParsedCompletion,
+    SamplingParams,
+    TokenEvent,
+    UnknownAdapterError,
+)
+from clawr1.engine import adapters as store
+from clawr1.engine.chat import ChatFormat
+from clawr1.engine.text import flush, visible_delta
+
+log = logging.getLogger(__name__)
+
+
+class RemoteStream:
+    """A GenerationStream fed by one server request running as a task."""
+
+    def __init__(self, gen: Generation, sampling: SamplingParams, max_tokens: int):
+        self.gen, self.sampling, self.max_tokens = gen, sampling, max_tokens
+        self.version = gen.version
+        self.out: asyncio.Queue = asyncio.Queue()
+        self.task: asyncio.Task | None = None
+        self.emitted = 0
+        self._done = False
+
+    def __aiter__(self) -> RemoteStream:
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        if self._done:
+            raise StopAsyncIteration
+        item = await self.out.get()
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        if isinstance(item, Generation):
+            self._done = True
+            raise StopAsyncIteration
+        return item
+
+    async def final(self) -> Generation:
+        async for _ in self:
+            pass
+        return self.gen
+
+    def cancel(self) -> None:
+        """Stop generating (the server request is closed); the Generation ends as `aborted`."""
+        if self.task is not None:
+            self.task.cancel()
+
+
+class RemoteEngine(ABC):
+    """Serves through `config.url`; the tokenizer (and chat template) come from the local model
+    directory of the same model."""
+
+    def __init__(self, model_path: Path, config: EngineConfig):
+        self.config = config
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.chat = ChatFormat(self.tokenizer)
+        self.max_context = config.max_context or int(_model_json(model_path, "config.json").get(
+            "max_position_embeddings", 2048))
+        eos = [self.tokenizer.eos_token_id, _model_json(model_path, "generation_config.json").get("eos_token_id")]
+        self.eos_ids = frozenset(i for e in eos for i in (e if isinstance(e, list) else [e]) if i is not None)
+        headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        self.client = httpx.AsyncClient(base_url=str(config.url).rstrip("/"), headers=headers,
+                                        timeout=httpx.Timeout(600.0, connect=10.0))
+        self._adapters: dict[str, tuple[str, int]] = {}  # name -> (server-side name, version)
+        self._holds: collections.Counter[str] = collections.Counter()  # server-side name -> requests on it
+        self._retired: set[str] = set()
+        self._pending = 0
+        self._closed = False
+        self._tasks: set[asyncio.Task] = set()  # unloads of retired versions in progress
+
+    # ---- what a backend provides ----------------------------------------------------------
+    @abstractmethod
+    def _sample(self, prompt_ids: list[int], sampling: SamplingParams, max_tokens: int,
+                served: str | None) -> AsyncIterator[tuple[int, float]]:
+        """The server's sampled (token id, logprob) pairs, as they come; stops at EOS or max_tokens."""
+
+    @abstractmethod
+    async def _score(self, ids: list[int], start: int, served: str | None) -> list[float]:
+        """Teacher-forced logprobs (temperature 1) of `ids[start:]`."""
+
+    @abstractmethod
+    async def _load(self, served: str, path: Path) -> None: ...
+
+    @abstractmethod
+    async def _unload(self, served: str) -> None: ...
+
+    # ---- the contract ---------------------------------------------------------------------
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        return self.chat.render(messages, tools)
+
+    def parse(self, text: str) -> ParsedCompletion:
+        return self.chat.parse(text)
+
+    def generate(self, prompt_ids: list[int], sampling: SamplingParams, adapter: str | None = None) -> RemoteStream:
+        if self._closed:
+            raise EngineFailure("the engine is closed")
+        if not prompt_ids:
+            raise InvalidRequestError("the prompt is empty", "messages")
+        room = self.max_context - len(prompt_ids)
+        if room < 1:
+            raise ContextLengthError(
+                f"the prompt has {len(prompt_ids)} tokens; this model's context is {self.max_context} "
+                "and at least one completion token must fit", "messages")
+        if self._pending >= self.config.max_queue + self.config.max_batch:
+            raise EngineOverloadedError(f"the engine has {self._pending} requests in flight; retry shortly")
+        served, version = self._hold(adapter)
+        stream = RemoteStream(Generation(prompt_ids=list(prompt_ids), adapter=adapter, version=version,
+                                         temperature=sampling.scoring_temperature), sampling,
+                              min(sampling.max_tokens, room))
+        self._pending += 1
+        stream.task = asyncio.ensure_future(self._run(stream, served))
+        return stream
+
+    async def score(self, prompt_ids: list[int], completion_ids: list[int], adapter: str | None = None,
+                    temperature: float = 1.0) -> list[float]:
+        if not completion_ids:
+            raise InvalidRequestError("completion_ids must not be empty", "completion_ids")
+        if len(prompt_ids) + len(completion_ids) > self.max_context:
+            raise ContextLengthError(f"prompt + completion exceed the context of {self.max_context} tokens")
+        if temperature != 1.0:  # the servers' prompt logprobs are of the unscaled distribution
+            raise InvalidRequestError("a remote engine scores at temperature 1 only", "temperature")
+        served, _ = self._hold(adapter)
+        try:
+            return await self._score(list(prompt_ids) + list(completion_ids), len(prompt_ids), served)
+        finally:
+            self._release(served)
+
+    async def load_adapter(self, name: str, path: Path) -> int:
+        version = int(store.read_marker(Path(path))["version"])
+        current = self._adapters.get(name)
+        if current and current[1] == version:
+            return version
+        served = f"{name}@v{version}"
+        try:
+            await self._load(served, Path(path).resolve())
+        except httpx.HTTPError as exc:
+            raise AdapterError(f"the server did not load {path}: {exc}") from exc
+        self._adapters[name] = (served, version)  # the flip: new requests get it from here on
+        if current:
+            self._retired.add(current[0])
+            await self._collect()
+        return version
+
+    async def unload_adapter(self, name: str) -> None:
+        current = self._adapters.pop(name, None)
+        if current is None:
+            raise UnknownAdapterError(f"no adapter named {name!r}", "model")
+        self._retired.add(current[0])
+        await self._collect()
+
+    def adapters(self) -> dict[str, int]:
+        return {name: version for name, (_, version) in self._adapters.items()}
+
+    async def close(self) -> None:
+        self._closed = True
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.client.aclose()
+
+    # ---- plumbing -------------------------------------------------------------------------
+    def _hold(self, adapter: str | None) -> tuple[str | None, int]:
+        if adapter is None:
+            return None, 0
+        if adapter not in self._adapters:
+            raise UnknownAdapterError(f"no adapter named {adapter!r}", "model")
+        served, version = self._adapters[adapter]
+        self._holds[served] += 1
+        return served, version
+
+    def _release(self, served: str | None) -> None:
+        if served is not None:
+            self._holds[served] -= 1
+            if self._retired and self._holds[served] <= 0:
+                task = asyncio.ensure_future(self._collect())
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _collect(self) -> None:
+        """Unload retired versions nothing holds any more (an unload error is logged, not fatal)."""
+        for served in [s for s in self._retired if self._holds[s] <= 0]:
+            self._retired.discard(served)
+            self._holds.pop(served, None)
+            try:
+                await self._unload(served)
+            except httpx.HTTPError as exc:
+                log.warning("unloading %s from the server failed: %s", served, exc)
+
+    async def _run(self, stream: RemoteStream, served: str | None) -> None:
+        gen, stops = stream.gen, stream.sampling.stop
+        try:
+            async for token, logprob in self._sample(gen.prompt_ids, stream.sampling, stream.max_tokens, served):
+                gen.token_ids.append(token)
+                gen.logprobs.append(logprob)
+                reason = None
+                if token in self.eos_ids:
+                    reason = "stop"  # special tokens are not text: gen.text is unchanged
+                else:
+                    gen.text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+                    gen.stop_match = next((s for s in stops if s in gen.text), None)
+                    if gen.stop_match is not None:
+                        reason = "stop"
+                    elif len(gen.token_ids) >= stream.max_tokens:
+                        reason = "length"
+                if reason:
+                    delta, stream.emitted = flush(gen, stream.emitted)
+                else:
+                    delta, stream.emitted = visible_delta(gen.text, stream.emitted, stops)
+                stream.out.put_nowait(TokenEvent(token, logprob, delta))
+                if reason:
+                    gen.finish_reason = reason
+                    break
+            if gen.finish_reason is None:  # the server ended it (an EOS it did not return, its own stop);
+                # text still held back is in `gen.content`, which the gateway sends at the end
+                gen.finish_reason = "length" if len(gen.token_ids) >= stream.max_tokens else "stop"
+            stream.out.put_nowait(gen)
+        except asyncio.CancelledError:
+            gen.finish_reason = "aborted"
+            stream.out.put_nowait(gen)
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            gen.finish_reason = "aborted"
+            stream.out.put_nowait(EngineFailure(f"the inference server failed: {type(exc).__name__}: {exc}"))
+        finally:
+            self._pending -= 1
+            self._release(served)
+
+
+def _model_json(model_path: Path, name: str) -> dict[str, Any]:
+    path = Path(model_path) / name
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+async def sse_json(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """The JSON objects of a server-sent-event stream, until `[DONE]`."""
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        yield json.loads(data)
+
+
+def raise_for_status(response: httpx.Response, what: str) -> None:
+    if response.status_code >= 400:
+        raise httpx.HTTPStatusError(f"{what}: HTTP {response.status_code}: {response.text[:500]}",
+                                    request=response.request, response=response)
