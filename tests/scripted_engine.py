@@ -61,7 +61,8 @@ class ScriptedEngine:
     def adapters(self) -> dict[str, int]:
         return {}
 
-    def generate(self, prompt_ids: list[int], sampling: SamplingParams, adapter: str | None = None) -> ScriptedStream:
+    def generate(self, prompt_ids: list[int], sampling: SamplingParams, adapter: str | None = None,
+                 affinity: str | None = None) -> ScriptedStream:
         ids = self.tokenizer.encode(self.reply, add_special_tokens=False) + [self.tokenizer.eos_token_id]
         texts = [self.tokenizer.decode(ids[:i], skip_special_tokens=True) for i in range(len(ids) + 1)]
         return ScriptedStream(prompt_ids, ids, [texts[i + 1][len(texts[i]):] for i in range(len(ids))], self.delay)

@@ -102,7 +102,8 @@ class FakeEngine:
     def parse(self, text: str) -> ParsedCompletion:
         return self._parse(text)
 
-    def generate(self, prompt_ids: list[int], sampling: SamplingParams, adapter: str | None = None) -> FakeStream:
+    def generate(self, prompt_ids: list[int], sampling: SamplingParams, adapter: str | None = None,
+                 affinity: str | None = None) -> FakeStream:
         version = self._adapters.get(adapter, 0) if adapter else self.version
         gen = Generation(prompt_ids=list(prompt_ids), adapter=adapter, version=version,
                          temperature=sampling.scoring_temperature)

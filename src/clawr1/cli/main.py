@@ -173,6 +173,8 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
     # uvicorn shuts down gracefully on SIGTERM, then re-raises it with the handler it found: the
     # default one would end this process before the `finally` below stops the trainer, orphaning it.
     signal.signal(signal.SIGTERM, _interrupt)
+    if args.ray or args.ray_address:
+        return _up_ray(args, config)
     # The trainer is its own process (it never competes with serving for the GIL); it gets the
     # same resolved config. Secrets are redacted in TOML, and the trainer needs none of them.
     run_dir = Path(config.data_dir) / "run"
@@ -225,6 +227,23 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
             except subprocess.TimeoutExpired:
                 trainer.kill()  # crash-safe by design: the lease expires and comes back
             Path(f.name).unlink(missing_ok=True)
+    return 0
+
+
+def _up_ray(args: argparse.Namespace, config: Config) -> int:
+    from clawr1.cluster.launch import up_ray
+
+    def ready(port: int, note: str) -> None:
+        url = f"http://{config.gateway.host}:{port}/v1"
+        say(config, f"[green]Claw-R1 on Ray[/green] serving on {url} through {config.ray.replicas} engine replicas; "
+            f"trainer and {config.ray.judge_workers} judge worker(s) as actors; dashboard "
+            f"http://{config.gateway.host}:{port}/dashboard; {note}", f"serving on {url} (ray); {note}", url=url,
+            replicas=config.ray.replicas, ray_address=args.ray_address or "local")
+
+    try:
+        up_ray(config, args.ray_address, ready)
+    except KeyboardInterrupt:
+        pass
     return 0
 
 
@@ -438,6 +457,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8000; 0 = any free port)")
+    p.add_argument("--ray", action="store_true", help="the roles as Ray actors on a local Ray instance "
+                   "(ray.replicas engine replicas, pool service, trainer, judges)")
+    p.add_argument("--ray-address", help="the same on an existing Ray cluster (e.g. 127.0.0.1:6379)")
     loop_flags(p)
     log_flag(p)
     p.set_defaults(fn=cmd_up)

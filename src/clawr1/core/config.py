@@ -327,6 +327,24 @@ class TenantsConfig(_Section):
         return keys
 
 
+class RayConfig(_Section):
+    replicas: int = Field(2, ge=1, le=256)
+    """Engine replicas under `clawr1 up --ray`, each a whole engine in its own Ray actor; the gateway
+    keeps a session on one (its prefix cache) and routes around a replica that died."""
+
+    replica_cpus: float = Field(1.0, gt=0, le=256)
+    """CPUs Ray reserves for each engine replica."""
+
+    replica_gpus: float = Field(0.0, ge=0, le=64)
+    """GPUs Ray reserves for each engine replica (a fraction shares one GPU)."""
+
+    judge_workers: int = Field(1, ge=1, le=64)
+    """Reward-worker actors; each judges its own share of the turns (by step id)."""
+
+    namespace: str = Field("clawr1", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    """Ray namespace of the actors (`clawr1-engine-0`, ..., `clawr1-pool`, `clawr1-trainer`)."""
+
+
 class Config(_Section):
     data_dir: Path = Field(default_factory=default_data_dir)
     """Where the model cache, adapters and the data pool (`pool.sqlite3`) live."""
@@ -356,6 +374,9 @@ class Config(_Section):
 
     tenants: TenantsConfig = Field(default_factory=TenantsConfig)
     """Tenants: whose keys are whose, and whether each tenant trains its own adapter."""
+
+    ray: RayConfig = Field(default_factory=RayConfig)
+    """The Ray deployment (`clawr1 up --ray`): engine replicas, judge workers, actor names."""
 
 
 def public_dump(config: Config) -> dict[str, Any]:

@@ -148,7 +148,8 @@ class LocalEngine:
     def parse(self, text: str) -> ParsedCompletion:
         return self.chat.parse(text)
 
-    def generate(self, prompt_ids: list[int], sampling: SamplingParams, adapter: str | None = None) -> LocalStream:
+    def generate(self, prompt_ids: list[int], sampling: SamplingParams, adapter: str | None = None,
+                 affinity: str | None = None) -> LocalStream:
         """Start a generation. Bad input raises here, before anything streams."""
         if self._closed:
             raise EngineFailure("the engine is closed")

@@ -126,7 +126,8 @@ class RemoteEngine(ABC):
     def parse(self, text: str) -> ParsedCompletion:
         return self.chat.parse(text)
 
-    def generate(self, prompt_ids: list[int], sampling: SamplingParams, adapter: str | None = None) -> RemoteStream:
+    def generate(self, prompt_ids: list[int], sampling: SamplingParams, adapter: str | None = None,
+                 affinity: str | None = None) -> RemoteStream:
         if self._closed:
             raise EngineFailure("the engine is closed")
         if not prompt_ids:

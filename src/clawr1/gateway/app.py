@@ -150,16 +150,18 @@ class Gateway:
                            code="rate_limit_exceeded")
         self.pending += steps
 
-    def start(self, prompt_ids: list[int], samplings: list[SamplingParams], tenant: str) -> list[GenerationStream]:
+    def start(self, prompt_ids: list[int], samplings: list[SamplingParams], tenant: str,
+              affinity: str | None = None) -> list[GenerationStream]:
         """Admit and submit one generation per sampling, on the tenant's adapter when one is loaded
-        (else the base model); the caller must `release` them."""
+        (else the base model); the caller must `release` them. `affinity` keeps a session on one
+        engine replica (its prefix cache)."""
         self.admit(len(samplings))
         name = self.adapter_of(tenant)
         adapter = name if name in self.engine.adapters() else None
         streams: list[GenerationStream] = []
         try:
             for sampling in samplings:
-                streams.append(self.metrics.timed(self.engine.generate(prompt_ids, sampling, adapter)))
+                streams.append(self.metrics.timed(self.engine.generate(prompt_ids, sampling, adapter, affinity)))
         except BaseException:
             for stream in streams:
                 stream.cancel()

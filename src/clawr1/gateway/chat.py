@@ -13,7 +13,7 @@ from clawr1.engine.base import GenerationStream
 from clawr1.gateway import schema
 from clawr1.gateway.app import Gateway, new_id
 from clawr1.gateway.errors import APIError
-from clawr1.gateway.sessions import Turn
+from clawr1.gateway.sessions import Turn, affinity_key
 from clawr1.gateway.streaming import TimedOut, events, sse, timeout_event
 
 router = APIRouter()
@@ -39,8 +39,9 @@ async def chat_completions(gw: Gateway, request: Request, path_ids: tuple[str, s
     tools = req.tool_dicts()
     prompt_ids = gw.engine.render(req.messages, tools)
     samplings = [req.sampling(gw.config.engine.default_max_tokens, i) for i in range(req.n)]
-    streams = gw.start(prompt_ids, samplings, caller.tenant)
     headers = {k.lower(): v for k, v in request.headers.items()}
+    streams = gw.start(prompt_ids, samplings, caller.tenant,
+                       affinity_key(caller.tenant, req.messages, headers, path_ids))
     turn = gw.sessions.resolve(caller.tenant, req.messages, headers, path_ids, caller.session_id)
     cid = new_id("chatcmpl-")
     if req.stream:

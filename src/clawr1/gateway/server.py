@@ -12,8 +12,8 @@ from typing import Any
 import uvicorn
 
 from clawr1.core.config import Config
-from clawr1.datapool import open_pool
-from clawr1.engine import load_engine
+from clawr1.datapool import DataPool, open_pool
+from clawr1.engine import Engine, load_engine
 from clawr1.gateway.app import Gateway, create_app
 
 log = logging.getLogger(__name__)
@@ -55,12 +55,14 @@ def tune_gc() -> None:
 
 
 async def serve(config: Config, on_ready: Callable[[int, str], None] | None = None,
-                workers: Callable[[Gateway], list[Coroutine[Any, Any, None]]] | None = None) -> None:
+                workers: Callable[[Gateway], list[Coroutine[Any, Any, None]]] | None = None,
+                engine: Engine | None = None, pool: DataPool | None = None) -> None:
     """Serve until cancelled or interrupted. `workers(gateway)` gives background jobs that share
-    the engine and pool (the reward worker under `clawr1 up`); they stop with the server."""
+    the engine and pool (the reward worker under `clawr1 up`); they stop with the server. `engine`
+    and `pool` default to the configured ones (a Ray deployment passes its router and pool service)."""
     note = check_exposure(config)
-    engine = load_engine(config)
-    pool = open_pool(config)
+    engine = engine or load_engine(config)
+    pool = pool or open_pool(config)
     app = create_app(engine, pool, config)
     tune_gc()
     jobs = [asyncio.create_task(job) for job in (workers(app.state.gateway) if workers else [])]

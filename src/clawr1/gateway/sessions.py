@@ -8,6 +8,7 @@ header id from yesterday) resumes after the pool's last stored turn.
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 import threading
 import time
@@ -106,3 +107,20 @@ def new_session_key() -> tuple[str, str]:
 
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+def affinity_key(tenant: str, messages: list[dict[str, Any]], headers: dict[str, str],
+                 path_ids: tuple[str, str] | None) -> str:
+    """Which engine replica a request should go to, known before the session is resolved: the
+    session id when the client names one, else the conversation's opening (system and first user
+    message), which every later turn of a stock client's conversation repeats."""
+    if path_ids is not None:
+        return f"{tenant}/{path_ids[0]}"
+    if headers.get("x-session-id"):
+        return f"{tenant}/{headers['x-session-id']}"
+    opening = []
+    for message in messages:
+        opening.append(message)
+        if message.get("role") == "user":
+            break
+    return tenant + "/" + hashlib.sha1(json.dumps(opening, sort_keys=True, default=str).encode()).hexdigest()

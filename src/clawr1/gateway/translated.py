@@ -23,7 +23,7 @@ from clawr1.gateway import schema
 from clawr1.gateway.app import Caller, Gateway
 from clawr1.gateway.chat import safe_text
 from clawr1.gateway.errors import APIError
-from clawr1.gateway.sessions import Turn
+from clawr1.gateway.sessions import Turn, affinity_key
 from clawr1.gateway.streaming import events
 
 
@@ -48,8 +48,9 @@ class Call:
               reply_id: str, started: float) -> Call:
         """Render and submit (a bad conversation raises here, before any session state moves)."""
         prompt_ids = gw.engine.render(messages, tools)
-        [stream] = gw.start(prompt_ids, [sampling], caller.tenant)
         headers = {k.lower(): v for k, v in request.headers.items()}
+        [stream] = gw.start(prompt_ids, [sampling], caller.tenant,
+                            affinity_key(caller.tenant, messages, headers, path_ids))
         turn = gw.sessions.resolve(caller.tenant, messages, headers, path_ids, caller.session_id)
         return cls(gw, turn, messages, tools, stream, f"{reply_id}-0", started, len(prompt_ids))
 

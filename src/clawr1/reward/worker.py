@@ -13,6 +13,7 @@ import asyncio
 import collections
 import json
 import logging
+import zlib
 
 from clawr1.core.config import Config
 from clawr1.core.records import Hint, Reward, Step
@@ -25,8 +26,12 @@ log = logging.getLogger(__name__)
 
 
 class RewardWorker:
-    def __init__(self, pool: DataPool, engine: Engine | None, config: Config, judge: Judge | None = None):
+    def __init__(self, pool: DataPool, engine: Engine | None, config: Config, judge: Judge | None = None,
+                 shard: tuple[int, int] = (0, 1)):
+        """`shard = (i, n)`: with n workers on one pool (Ray judge actors), this one judges the
+        turns whose step id hashes to i, so no turn is judged twice."""
         self.pool, self.config, self.engine = pool, config, engine
+        self.shard = shard
         self.judge = judge  # built in `run`, off the event loop: serving starts without waiting for it
         self.m = votes_for(config)
         self.want_hint = config.trainer.method != "rl"
@@ -43,7 +48,8 @@ class RewardWorker:
         while True:
             if len(running) < limit:
                 waiting = await asyncio.to_thread(self.pool.unjudged, limit * 2)
-                fresh = [s for s in waiting if s not in running][: limit - len(running)]
+                mine = [s for s in waiting if zlib.crc32(s.encode()) % self.shard[1] == self.shard[0]]
+                fresh = [s for s in mine if s not in running][: limit - len(running)]
                 if fresh:
                     for step in await asyncio.to_thread(self.pool.get_steps, fresh):
                         running[step.step_id] = asyncio.create_task(self.judge_step(step))

@@ -1,0 +1,139 @@
+"""The roles as Ray actors. Each is a plain class (the launcher wraps it with `ray.remote` and its
+resources); each rebuilds its state from disk when Ray restarts it, because an actor's memory is
+lost with it: the engine reloads the newest published adapters, the pool reopens its SQLite file
+(or PostgreSQL database), the trainer resumes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from clawr1.core.config import Config
+from clawr1.core.records import POLICY, Step
+from clawr1.core.types import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class EngineReplica:
+    """One whole engine (`load_engine`: local, or a client of a vLLM/SGLang server)."""
+
+    def __init__(self, config: Config, index: int):
+        from clawr1.engine import load_engine
+
+        self.config, self.index = config, index
+        self.engine = load_engine(config)
+        self._restored = False
+
+    async def ready(self) -> dict[str, int]:
+        """Serve what is current: on the first call (after a start or a restart) load the newest
+        published version of every adapter. Returns the adapters and their versions."""
+        if not self._restored:
+            from clawr1.engine import adapters
+
+            root = Path(self.config.data_dir) / "adapters"
+            names = sorted(d.name for d in root.iterdir() if d.name.startswith(POLICY)) if root.is_dir() else []
+            for name in names:
+                newest = adapters.latest(root, name)
+                if newest is not None:
+                    await self.engine.load_adapter(name, newest[1])
+            self._restored = True
+        return self.engine.adapters()
+
+    async def generate(self, prompt_ids: list[int], sampling: dict[str, Any], adapter: str | None
+                       ) -> AsyncIterator[tuple]:
+        """Streamed: ("version", v), then ("token", id, logprob, text) per token, then ("end", finish
+        reason, matched stop). A cancelled call (the client went away) stops the engine's work."""
+        stream = self.engine.generate(prompt_ids, SamplingParams(**sampling), adapter)
+        try:
+            yield ("version", stream.version)
+            async for event in stream:
+                yield ("token", event.token_id, event.logprob, event.text)
+            gen = await stream.final()
+            yield ("end", gen.finish_reason, gen.stop_match)
+        finally:
+            stream.cancel()
+
+    async def score(self, prompt_ids: list[int], completion_ids: list[int], adapter: str | None,
+                    temperature: float) -> list[float]:
+        return await self.engine.score(prompt_ids, completion_ids, adapter, temperature)
+
+    async def load_adapter(self, name: str, path: str) -> int:
+        return await self.engine.load_adapter(name, Path(path))
+
+    async def unload_adapter(self, name: str) -> None:
+        await self.engine.unload_adapter(name)
+
+    async def adapters(self) -> dict[str, int]:
+        return self.engine.adapters()
+
+
+class PoolService:
+    """The data pool as a service: every gateway, judge and trainer of the deployment writes and
+    reads through it. Threaded (many concurrent calls share group commits); its state is the
+    database, so a restarted service loses nothing that was acknowledged."""
+
+    def __init__(self, config: Config):
+        from clawr1.datapool import open_pool
+
+        self.pool = open_pool(config)
+
+    def call(self, method: str, args: tuple, kwargs: dict) -> Any:
+        return getattr(self.pool, method)(*args, **kwargs)
+
+    def append_step(self, step: Step) -> bool:
+        return self.pool.append_step(step)
+
+
+class TrainerWorker:
+    """The trainer (or one trainer per tenant) in a loop, on the pool service."""
+
+    def __init__(self, config: Config, pool_actor: Any):
+        from clawr1.cluster.pool import RayPool
+        from clawr1.trainer.loop import Trainer
+        from clawr1.trainer.tenants import TenantTrainers
+
+        pool = RayPool(pool_actor)
+        self.trainer = TenantTrainers(config, pool) if config.tenants.adapter_per_tenant else Trainer(config, pool)
+        self.stop_event = threading.Event()
+        self.published: list[dict[str, Any]] = []
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            metrics = self.trainer.run_once()
+            if metrics is None:
+                self.stop_event.wait(0.5)
+                continue
+            self.published.append({k: metrics[k] for k in ("version", "lease", "loss") if k in metrics})
+            log.info("published v%s", metrics["version"])
+        self.trainer.close()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def versions(self) -> list[dict[str, Any]]:
+        return self.published
+
+
+class JudgeWorker:
+    """A reward worker judging its share of the turns; LLM judges call the engine replicas."""
+
+    def __init__(self, config: Config, pool_actor: Any, replicas: list[Any], shard: tuple[int, int]):
+        from clawr1.cluster.pool import RayPool
+        from clawr1.cluster.router import RouterEngine
+        from clawr1.engine.models import resolve_model
+        from clawr1.reward.worker import RewardWorker
+
+        engine = RouterEngine(resolve_model(config.engine.model, config.data_dir), config.engine, replicas)
+        self.worker = RewardWorker(RayPool(pool_actor), engine, config, shard=shard)
+
+    async def run(self) -> None:
+        await self.worker.run()
+
+    async def counts(self) -> dict[str, Any]:
+        return {"counts": dict(self.worker.counts),
+                "outcomes": [[score, source, n] for (score, source), n in self.worker.outcomes.items()]}

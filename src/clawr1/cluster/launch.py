@@ -1,0 +1,86 @@
+"""`clawr1 up --ray` / `clawr1 up --ray-address ADDR`: the main job with its roles as Ray actors.
+
+The gateway runs in this process (it is the HTTP front door and binds like `clawr1 up`); engine
+replicas, the pool service, the trainer and the judge workers are actors named in
+`ray.namespace`, restarted by Ray when they die (each resumes from disk). The data dir must be on
+storage every node sees (adapters, checkpoints, and the SQLite pool unless `pool.backend =
+"postgres"`); model directories too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from clawr1.core.config import Config
+
+log = logging.getLogger(__name__)
+
+
+def actor_name(config: Config, role: str, index: int | None = None) -> str:
+    return f"clawr1-{role}" if index is None else f"clawr1-{role}-{index}"
+
+
+def start_actors(config: Config) -> dict[str, Any]:
+    """Create (or find, after a driver restart) every actor; wait until the replicas serve."""
+    import ray
+
+    from clawr1.cluster import actors
+
+    def remote(cls: type, name: str, **options: Any) -> Any:
+        return ray.remote(cls).options(name=name, get_if_exists=True, max_restarts=-1, **options)
+
+    rc = config.ray
+    pool = remote(actors.PoolService, actor_name(config, "pool"), max_concurrency=64,
+                  max_task_retries=3).remote(config)
+    replicas = [remote(actors.EngineReplica, actor_name(config, "engine", i), num_cpus=rc.replica_cpus,
+                       num_gpus=rc.replica_gpus, max_task_retries=0).remote(config, i) for i in range(rc.replicas)]
+    ray.get([r.ready.remote() for r in replicas])
+    trainer = remote(actors.TrainerWorker, actor_name(config, "trainer"), max_concurrency=2).remote(config, pool)
+    judges = [remote(actors.JudgeWorker, actor_name(config, "judge", i)).remote(config, pool, replicas,
+                                                                                 (i, rc.judge_workers))
+              for i in range(rc.judge_workers)]
+    return {"pool": pool, "replicas": replicas, "trainer": trainer, "judges": judges}
+
+
+async def keep_running(name: str, call: Callable[[], Any]) -> None:
+    """A long-running actor method (the trainer's and the judges' loops): when its actor dies, Ray
+    restarts the actor, and this starts the loop on it again."""
+    while True:
+        try:
+            await call()
+            return
+        except Exception as error:
+            log.error("%s stopped (%s); starting it again", name, type(error).__name__)
+            await asyncio.sleep(2.0)
+
+
+def up_ray(config: Config, address: str | None, on_ready: Callable[[int, str], None]) -> None:
+    import ray
+
+    from clawr1.cluster.pool import RayPool
+    from clawr1.cluster.router import RouterEngine
+    from clawr1.engine.models import resolve_model
+    from clawr1.gateway.app import Gateway
+    from clawr1.gateway.server import serve
+
+    # Without an address Ray starts a local instance for this job (its dashboard off: one less port).
+    ray.init(address=address, namespace=config.ray.namespace, logging_level=logging.WARNING,
+             **({} if address else {"include_dashboard": False}))
+    try:
+        roles = start_actors(config)
+        router = RouterEngine(resolve_model(config.engine.model, config.data_dir), config.engine, roles["replicas"])
+
+        def workers(gw: Gateway) -> list[Coroutine[Any, Any, None]]:
+            jobs = [keep_running("trainer", lambda: roles["trainer"].run.remote())]
+            jobs += [keep_running(f"judge {i}", lambda j=judge: j.run.remote()) for i, judge in enumerate(roles["judges"])]
+            return jobs
+
+        try:
+            asyncio.run(serve(config, on_ready=on_ready, workers=workers, engine=router, pool=RayPool(roles["pool"])))
+        finally:
+            ray.get(roles["trainer"].stop.remote(), timeout=60)
+    finally:
+        ray.shutdown()
