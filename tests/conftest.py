@@ -58,9 +58,9 @@ def run(coro):
 @pytest.fixture(scope="session")
 def postgres():
     """A PostgreSQL server for this test session (started on first use)."""
-    from tests.pg_helpers import PostgresServer
+    from tests.pg_helpers import start
 
-    server = PostgresServer()
+    server = start()
     yield server
     server.stop()
 

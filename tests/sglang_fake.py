@@ -10,7 +10,7 @@ Documented shapes used:
   null]], input_token_logprobs (from logprob_start_len; the first prompt token has null),
   weight_version}}
 - `POST /load_lora_adapter` {lora_name, lora_path}, `POST /unload_lora_adapter` {lora_name}
-- `POST /update_weights_from_disk` {model_path} -> {success, message}
+- `POST /update_weights_from_disk` {model_path, weight_version} -> {success, message}
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ class UnloadLora(_Strict):
 
 class UpdateWeights(_Strict):
     model_path: str
+    weight_version: str | None = None
 
 
 def sglang_app(engine: Any) -> FastAPI:
@@ -102,7 +103,8 @@ def sglang_app(engine: Any) -> FastAPI:
     @app.post("/update_weights_from_disk")
     async def update(req: UpdateWeights) -> Any:
         app.state.requests.append(("weights", req.model_dump()))
-        app.state.weight_version = req.model_path
+        version = await engine.load_weights(req.model_path)  # the real reload, in the engine behind
+        app.state.weight_version = req.weight_version or str(version)
         return {"success": True, "message": "Succeeded to update model weights."}
 
     return app

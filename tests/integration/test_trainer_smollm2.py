@@ -38,12 +38,12 @@ def test_two_rl_steps_move_every_lora_matrix_the_right_way(real_engine, real_dat
     with SQLitePool(tmp_path, config.pool) as pool:
         trainer = Trainer(config, pool, resume=False)
         samples = [TrainSample(step, 1.0 if i % 2 == 0 else -1.0) for i, step in enumerate(steps)]
-        before = {n: p.detach().clone() for n, p in trainer.policy.named_lora().items()}
+        before = {n: p.detach().clone() for n, p in trainer.policy.named_trainable().items()}
         old = [trainer.sequence_logprob(s.prompt_ids, s.token_ids, s.temperature) for s in steps]
         first = trainer.train_step(samples)
         trainer.train_step(samples)
         new = [trainer.sequence_logprob(s.prompt_ids, s.token_ids, s.temperature) for s in steps]
-    moved = [n for n, p in trainer.policy.named_lora().items() if not torch.equal(p, before[n])]
+    moved = [n for n, p in trainer.policy.named_trainable().items() if not torch.equal(p, before[n])]
     assert len(moved) == len(before) > 100
     assert abs(first["ratio"] - 1.0) < 1e-3  # the first step is on-policy: trainer == engine logprobs
     for i, (a, b) in enumerate(zip(old, new)):

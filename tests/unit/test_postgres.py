@@ -54,6 +54,27 @@ def test_two_gateways_writing_the_same_sessions_at_once_keep_every_step_and_link
             pool.close()
 
 
+def test_gateways_starting_at_once_create_the_schema_once(postgres):
+    dsn, pools, errors = postgres.fresh(), [], []
+    start = threading.Barrier(4)
+
+    def open_one() -> None:
+        start.wait()
+        try:
+            pools.append(PostgresPool(dsn))
+        except Exception as error:  # the test reports it below
+            errors.append(error)
+
+    threads = [threading.Thread(target=open_one) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for pool in pools:
+        pool.close()
+    assert not errors and len(pools) == 4
+
+
 def test_two_trainers_leasing_at_once_get_disjoint_batches(postgres):
     dsn = postgres.fresh()
     with PostgresPool(dsn) as gateway:

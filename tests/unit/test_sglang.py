@@ -10,10 +10,13 @@ import time
 
 import httpx
 import pytest
+import torch
 import uvicorn
+from transformers import AutoModelForCausalLM
 
 from clawr1.core.config import EngineConfig
 from clawr1.core.types import EngineFailure, SamplingParams
+from clawr1.engine import adapters as store
 from clawr1.engine.local import LocalEngine
 from clawr1.engine.sglang import SGLangEngine
 from tests.conftest import run
@@ -109,14 +112,23 @@ def test_the_gateway_records_sglang_tokens_and_a_dead_server_is_a_502(served, ti
         assert reply.status_code == 502 and reply.json()["error"]["code"] == "engine_failure"
 
 
-def test_full_weights_update_from_disk(served, tiny_model_dir, tmp_path):
-    url, app, _ = served
+def test_full_weights_update_from_disk_and_generations_carry_their_version(served, tiny_model_dir, tmp_path):
+    url, app, backend = served
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(1.5)  # different weights, same shapes
+    published = store.publish_weights(model, tmp_path / "weights", "policy", 3)
 
     async def go():
         async with sglang(url, tiny_model_dir) as engine:
-            await engine.load_weights(tmp_path / "weights" / "v000003")
+            prompt = engine.render([{"role": "user", "content": "Hi"}])
+            before = await engine.generate(prompt, SamplingParams(max_tokens=4)).final()
+            assert await engine.load_weights(published) == 3 and engine.weights_version() == 3
+            after = await engine.generate(prompt, SamplingParams(max_tokens=4)).final()
+            assert (before.version, after.version) == (0, 3)  # told by the server's weight_version
     asyncio.run(go())
-    assert app.state.requests[-1] == ("weights", {"model_path": str((tmp_path / "weights" / "v000003").resolve())})
+    assert ("weights", {"model_path": str(published.resolve()), "weight_version": "3"}) in app.state.requests
+    assert backend.weights_version() == 3
 
 
 def test_an_engine_failure_is_not_a_crash(tiny_model_dir):

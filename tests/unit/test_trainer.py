@@ -66,11 +66,11 @@ def test_steps_publish_versions_and_change_the_lora(tiny_model_dir, tmp_path, ge
     with SQLitePool(tmp_path, config.pool) as pool:
         fill(pool, generations)
         trainer = Trainer(config, pool)
-        before = {n: p.detach().clone() for n, p in trainer.policy.named_lora().items()}
+        before = {n: p.detach().clone() for n, p in trainer.policy.named_trainable().items()}
         first, second = trainer.run_once(), trainer.run_once()
         assert (first["version"], second["version"]) == (1, 2)
         assert adapters.latest(tmp_path / "adapters", ADAPTER)[0] == 2
-        changed = [n for n, p in trainer.policy.named_lora().items() if not torch.equal(p, before[n])]
+        changed = [n for n, p in trainer.policy.named_trainable().items() if not torch.equal(p, before[n])]
         assert len(changed) == len(before)  # after two steps every LoRA matrix moved (B first, then A)
         assert pool.stats()["consumed"] == 6 and first["hint_rate"] > 0
         lines = (tmp_path / "trainer" / "metrics.jsonl").read_text().splitlines()

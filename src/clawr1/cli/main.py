@@ -552,7 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmarks that print side-by-side ratios")
     _common(p)
-    p.add_argument("what", choices=["engine", "pool", "gateway", "judge", "trainer", "swap", "latency"])
+    p.add_argument("what", choices=["engine", "pool", "gateway", "judge", "trainer", "swap", "latency", "scale"])
     p.add_argument("--max-tokens", type=int, default=64, help="engine: tokens per request")
     p.add_argument("--steps", type=int, default=20_000, help="pool: steps to write")
     p.add_argument("--requests", type=int, default=2000, help="gateway: requests per measurement at 64 clients")

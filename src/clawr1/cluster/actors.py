@@ -35,6 +35,10 @@ class EngineReplica:
         if not self._restored:
             from clawr1.engine import adapters
 
+            if self.config.trainer.finetune == "full":
+                newest = adapters.latest(Path(self.config.data_dir) / "weights", POLICY)
+                if newest is not None:
+                    await self.engine.load_weights(newest[1])
             root = Path(self.config.data_dir) / "adapters"
             names = sorted(d.name for d in root.iterdir() if d.name.startswith(POLICY)) if root.is_dir() else []
             for name in names:
@@ -42,7 +46,7 @@ class EngineReplica:
                 if newest is not None:
                     await self.engine.load_adapter(name, newest[1])
             self._restored = True
-        return self.engine.adapters()
+        return {**self.engine.adapters(), "weights": self.engine.weights_version()}
 
     async def generate(self, prompt_ids: list[int], sampling: dict[str, Any], adapter: str | None
                        ) -> AsyncIterator[tuple]:
@@ -67,6 +71,9 @@ class EngineReplica:
 
     async def unload_adapter(self, name: str) -> None:
         await self.engine.unload_adapter(name)
+
+    async def load_weights(self, path: str) -> int:
+        return await self.engine.load_weights(Path(path))
 
     async def adapters(self) -> dict[str, int]:
         return self.engine.adapters()

@@ -66,8 +66,9 @@ def up_ray(config: Config, address: str | None, on_ready: Callable[[int, str], N
     from clawr1.gateway.app import Gateway
     from clawr1.gateway.server import serve
 
-    # Without an address Ray starts a local instance for this job (its dashboard off: one less port).
-    ray.init(address=address, namespace=config.ray.namespace, logging_level=logging.WARNING,
+    # Without an address Ray starts a local instance for this job ("local": never a cluster some
+    # earlier `ray start` left in /tmp/ray), its dashboard off (one less port).
+    ray.init(address=address or "local", namespace=config.ray.namespace, logging_level=logging.WARNING,
              **({} if address else {"include_dashboard": False}))
     try:
         roles = start_actors(config)

@@ -52,7 +52,7 @@ class RouterStream:
     def __init__(self, router: RouterEngine, prompt_ids: list[int], sampling: SamplingParams, adapter: str | None,
                  order: list[int]):
         self.router, self.sampling, self.adapter, self.order = router, sampling, adapter, order
-        self.version = router._versions.get(adapter, 0) if adapter else 0
+        self.version = router._versions.get(adapter, 0) if adapter else router._weights_version
         self.gen = Generation(prompt_ids=list(prompt_ids), adapter=adapter, version=self.version,
                               temperature=sampling.scoring_temperature)
         self.replica: int | None = None
@@ -127,6 +127,7 @@ class RouterEngine:
         self.up = [True] * len(replicas)
         self._versions: dict[str, int] = {}
         self._paths: dict[str, Path] = {}  # the directory each served version was loaded from
+        self._weights_version, self._weights_path = 0, None  # full fine-tuning's served weights
         self._turn = itertools.count()
         self._watcher: asyncio.Task | None = None
 
@@ -163,6 +164,8 @@ class RouterEngine:
                 try:  # restarted between a publish and our broadcast: it takes ours before it serves
                     for name in missing:
                         await self.replicas[index].load_adapter.remote(name, str(self._paths[name]))
+                    if self._weights_path is not None and served.get("weights") != self._weights_version:
+                        await self.replicas[index].load_weights.remote(str(self._weights_path))
                 except Exception:
                     continue
                 self.up[index] = True
@@ -226,6 +229,25 @@ class RouterEngine:
 
     def adapters(self) -> dict[str, int]:
         return dict(self._versions)
+
+    async def load_weights(self, path: Path) -> int:
+        """Full weights on every live replica (each drains its batch and swaps), then serve them."""
+        live = [i for i, alive in enumerate(self.up) if alive]
+        results = await asyncio.gather(*(self.replicas[i].load_weights.remote(str(path)) for i in live),
+                                       return_exceptions=True)
+        loaded = [r for r in results if not isinstance(r, BaseException)]
+        for index, result in zip(live, results, strict=True):
+            if isinstance(result, BaseException):
+                if not _dead(result):
+                    raise result
+                self.mark_down(index, result)
+        if not loaded:
+            raise EngineFailure(f"no engine replica loaded the weights at {path}")
+        self._weights_version, self._weights_path = loaded[0], Path(path)
+        return loaded[0]
+
+    def weights_version(self) -> int:
+        return self._weights_version
 
     async def close(self) -> None:
         if self._watcher is not None:

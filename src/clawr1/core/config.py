@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"
 SECRET_FIELDS = frozenset({"api_keys", "admin_key", "judge_api_key", "keys", "postgres_dsn", "api_key"})
@@ -201,6 +201,12 @@ class RewardConfig(_Section):
 
 
 class TrainerConfig(_Section):
+    finetune: Literal["lora", "full"] = "lora"
+    """`lora`: train a LoRA adapter (small; the engine swaps it in beside the base). `full`: train
+    every weight and publish whole models under `<data_dir>/weights/`, which the engine reloads
+    between batches (the local engine and SGLang; vLLM takes full weights only through its
+    NCCL/IPC weight transfer). Needs memory for the weights, their gradients and AdamW's moments."""
+
     method: Literal["rl", "opd", "combine"] = "combine"
     """rl: PPO-clipped binary reward; opd: hindsight-guided on-policy distillation from hints;
     combine: w_opd * OPD advantage + w_rl * reward, per token."""
@@ -377,6 +383,16 @@ class Config(_Section):
 
     ray: RayConfig = Field(default_factory=RayConfig)
     """The Ray deployment (`clawr1 up --ray`): engine replicas, judge workers, actor names."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Config:
+        if self.trainer.finetune == "full" and self.tenants.adapter_per_tenant:
+            raise ValueError("trainer.finetune = \"full\" trains one model for everyone: it excludes "
+                             "tenants.adapter_per_tenant")
+        if self.trainer.finetune == "full" and self.engine.backend == "vllm":
+            raise ValueError("trainer.finetune = \"full\" needs an engine that reloads weights from disk "
+                             "(local or sglang); vLLM takes them only through its NCCL/IPC weight transfer")
+        return self
 
 
 def public_dump(config: Config) -> dict[str, Any]:

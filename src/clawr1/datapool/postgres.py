@@ -155,8 +155,9 @@ class PostgresPool(SQLPool):
 
 
 def ensure_schema(conn: PgConnection) -> None:
-    """Create the tables once (under an advisory lock); refuse a database of a newer schema."""
-    conn.execute("BEGIN IMMEDIATE")
+    """Create the tables once (under an advisory lock); refuse a database of a newer schema. Read
+    committed, not serializable: a gateway that waited on the lock must see what the first created."""
+    conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
     try:
         conn.execute(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK})")
         for statement in postgres_schema():

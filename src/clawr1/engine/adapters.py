@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -77,3 +78,35 @@ def latest(root: Path, name: str) -> tuple[int, Path] | None:
             if best is None or version > best[0]:
                 best = (version, child)
     return best
+
+
+WEIGHT_FILES = ("config.json", "model.safetensors")
+
+
+def publish_weights(model: Any, root: Path, name: str, version: int, keep: int = 2) -> Path:
+    """Full fine-tuning: write a whole model (`config.json`, `model.safetensors`) as version
+    `version` of `name`, synced, then its marker; versions older than the newest `keep` are
+    removed (an engine holds loaded weights in memory; a restarting one takes the newest)."""
+    target = version_dir(root, name, version)
+    if (target / MARKER).exists():
+        raise AdapterError(f"weights {name} v{version} already published at {target}")
+    target.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(target, safe_serialization=True)
+    for file in target.iterdir():
+        _fsync(file)
+    (target / MARKER).write_text(json.dumps({"name": name, "version": version, "kind": "weights"}))
+    _fsync(target / MARKER)
+    _fsync(target)
+    for child in sorted((Path(root) / name).iterdir()):
+        match = _VERSION_DIR.match(child.name)
+        if match and int(match.group(1)) <= version - keep:
+            shutil.rmtree(child, ignore_errors=True)
+    return target
+
+
+def read_weights_marker(path: Path) -> dict[str, Any]:
+    """The marker of a complete weights directory; AdapterError if it is incomplete."""
+    marker = Path(path) / MARKER
+    if not marker.is_file() or not all((Path(path) / f).is_file() for f in WEIGHT_FILES):
+        raise AdapterError(f"weights directory {path} is incomplete (no {MARKER} marker or files); not loading it")
+    return json.loads(marker.read_text())

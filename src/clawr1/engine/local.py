@@ -27,10 +27,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from clawr1.core.config import EngineConfig
 from clawr1.core.types import (
+    AdapterError,
     ContextLengthError,
     EngineFailure,
     EngineOverloadedError,
@@ -128,6 +130,8 @@ class LocalEngine:
         self._batch = KVBatch(self._base.device)
         self._pending = 0  # submitted but not yet finished, for backpressure
         self._seeds = random.Random()
+        self._weights_version = 0
+        self._weights_pending: tuple[dict[str, torch.Tensor], int, Future] | None = None
         self._closed = False
         self.stats = collections.Counter()
         self._thread = threading.Thread(target=self._run, name="clawr1-engine", daemon=True)
@@ -198,6 +202,22 @@ class LocalEngine:
         await self._call(lambda: self._load(name, Path(path), version))
         return version
 
+    async def load_weights(self, path: Path) -> int:
+        """Full fine-tuning: the scheduler stops admitting, lets the running batch finish on the old
+        weights, copies the new ones in, and resumes; queued requests wait, none fail."""
+        version = int(store.read_weights_marker(Path(path))["version"])
+        state = await asyncio.to_thread(load_file, str(Path(path) / "model.safetensors"))
+        future: Future = Future()
+
+        def queue_it() -> None:
+            self._weights_pending = (state, version, future)
+
+        self._commands.put(queue_it)
+        return await asyncio.wrap_future(future)
+
+    def weights_version(self) -> int:
+        return self._weights_version
+
     async def unload_adapter(self, name: str) -> None:
         with self._lock:
             if name not in self._adapters:
@@ -224,7 +244,7 @@ class LocalEngine:
 
     def _resolve(self, adapter: str | None) -> tuple[str, int]:
         if adapter is None:
-            return BASE, 0
+            return BASE, self._weights_version
         with self._lock:
             if adapter not in self._adapters:
                 raise UnknownAdapterError(f"adapter {adapter!r} is not loaded (loaded: {sorted(self._adapters)})", "model")
@@ -255,6 +275,8 @@ class LocalEngine:
             while not self._closed:
                 self._drain(block=not (self._running or self._waiting))
                 try:
+                    if self._weights_pending is not None and not self._running:
+                        self._apply_weights()
                     self._admit()
                     if self._running:
                         self._step()
@@ -289,11 +311,15 @@ class LocalEngine:
         return self._slots.model(use_cache=True, **kwargs)
 
     def _admit(self) -> None:
+        if self._weights_pending is not None:
+            return  # draining: new weights go in once the running batch has finished on the old
         while self._waiting and len(self._running) < self.config.max_batch:
             request = self._waiting.popleft()
             if request.cancelled:
                 self._finish(request, "aborted")
                 continue
+            if request.key == BASE:  # it is sampled by the weights of now, whatever it was queued under
+                request.gen.version = self._weights_version
             ids = torch.tensor([request.prompt_ids], device=self._base.device)
             cache = DynamicCache()
             try:
@@ -369,6 +395,23 @@ class LocalEngine:
         if len(keep) != len(self._running):
             self._batch.keep(keep)
             self._running = [self._running[i] for i in keep]
+
+    def _apply_weights(self) -> None:
+        state, version, future = self._weights_pending
+        self._weights_pending = None
+        try:
+            if self._slots.peft is not None:
+                raise AdapterError("LoRA adapters are loaded: full weights would change the base under them")
+            missing, unexpected = self._base.load_state_dict(state, strict=False)
+            tied = {"lm_head.weight"} if getattr(self._base.config, "tie_word_embeddings", False) else set()
+            if unexpected or set(missing) - tied:
+                raise AdapterError(f"the weights do not fit this model (missing {sorted(set(missing) - tied)[:3]}, "
+                                   f"unexpected {sorted(unexpected)[:3]})")
+            self._weights_version = version
+            self.stats["weight_swaps"] += 1
+            future.set_result(version)
+        except Exception as exc:  # delivered to the caller; serving goes on with the old weights
+            future.set_exception(exc)
 
     def _score(self, prompt_ids: list[int], completion_ids: list[int], key: str, temperature: float) -> list[float]:
         ids = torch.tensor([prompt_ids + completion_ids], device=self._base.device)

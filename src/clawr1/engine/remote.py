@@ -102,12 +102,14 @@ class RemoteEngine(ABC):
         self._pending = 0
         self._closed = False
         self._tasks: set[asyncio.Task] = set()  # unloads of retired versions in progress
+        self._weights_version = 0
 
     # ---- what a backend provides ----------------------------------------------------------
     @abstractmethod
     def _sample(self, prompt_ids: list[int], sampling: SamplingParams, max_tokens: int,
-                served: str | None) -> AsyncIterator[tuple[int, float]]:
-        """The server's sampled (token id, logprob) pairs, as they come; stops at EOS or max_tokens."""
+                served: str | None, gen: Generation) -> AsyncIterator[tuple[int, float]]:
+        """The server's sampled (token id, logprob) pairs, as they come; stops at EOS or max_tokens.
+        A server that reports which weights sampled it sets `gen.version`."""
 
     @abstractmethod
     async def _score(self, ids: list[int], start: int, served: str | None) -> list[float]:
@@ -140,6 +142,7 @@ class RemoteEngine(ABC):
         if self._pending >= self.config.max_queue + self.config.max_batch:
             raise EngineOverloadedError(f"the engine has {self._pending} requests in flight; retry shortly")
         served, version = self._hold(adapter)
+        version = version if adapter else self._weights_version
         stream = RemoteStream(Generation(prompt_ids=list(prompt_ids), adapter=adapter, version=version,
                                          temperature=sampling.scoring_temperature), sampling,
                               min(sampling.max_tokens, room))
@@ -187,6 +190,13 @@ class RemoteEngine(ABC):
     def adapters(self) -> dict[str, int]:
         return {name: version for name, (_, version) in self._adapters.items()}
 
+    async def load_weights(self, path: Path) -> int:
+        raise AdapterError(f"{type(self).__name__} does not reload full weights from disk; train LoRA "
+                           "(trainer.finetune = \"lora\") or serve with the local engine or SGLang")
+
+    def weights_version(self) -> int:
+        return self._weights_version
+
     async def close(self) -> None:
         self._closed = True
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -223,7 +233,7 @@ class RemoteEngine(ABC):
     async def _run(self, stream: RemoteStream, served: str | None) -> None:
         gen, stops = stream.gen, stream.sampling.stop
         try:
-            async for token, logprob in self._sample(gen.prompt_ids, stream.sampling, stream.max_tokens, served):
+            async for token, logprob in self._sample(gen.prompt_ids, stream.sampling, stream.max_tokens, served, gen):
                 gen.token_ids.append(token)
                 gen.logprobs.append(logprob)
                 reason = None

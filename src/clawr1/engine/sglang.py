@@ -20,13 +20,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from clawr1.core.types import AdapterError, SamplingParams
+from clawr1.core.types import AdapterError, Generation, SamplingParams
+from clawr1.engine import adapters as store
 from clawr1.engine.remote import RemoteEngine, raise_for_status
 
 
 class SGLangEngine(RemoteEngine):
     async def _sample(self, prompt_ids: list[int], sampling: SamplingParams, max_tokens: int,
-                      served: str | None) -> AsyncIterator[tuple[int, float]]:
+                      served: str | None, gen: Generation) -> AsyncIterator[tuple[int, float]]:
         params: dict = {"max_new_tokens": max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p}
         if sampling.stop:
             params["stop"] = list(sampling.stop)
@@ -37,7 +38,11 @@ class SGLangEngine(RemoteEngine):
             body["lora_path"] = served
         response = await self.client.post("/generate", json=body)
         raise_for_status(response, "SGLang /generate")
-        for entry in response.json()["meta_info"]["output_token_logprobs"]:
+        meta = response.json()["meta_info"]
+        weights = str(meta.get("weight_version", ""))
+        if served is None and weights.isdigit():  # the weights that sampled it, told by the server
+            gen.version = int(weights)
+        for entry in meta["output_token_logprobs"]:
             yield int(entry[1]), float(entry[0])
 
     async def _score(self, ids: list[int], start: int, served: str | None) -> list[float]:
@@ -58,10 +63,15 @@ class SGLangEngine(RemoteEngine):
         response = await self.client.post("/unload_lora_adapter", json={"lora_name": served})
         raise_for_status(response, f"SGLang unload_lora_adapter {served}")
 
-    async def load_weights(self, path: Path) -> None:
-        """Full fine-tuning: the server reloads every weight from a published directory.
-        SGLang applies it between batches (flushing its prefix cache), so no request fails."""
-        response = await self.client.post("/update_weights_from_disk", json={"model_path": str(Path(path).resolve())})
+    async def load_weights(self, path: Path) -> int:
+        """Full fine-tuning: the server reloads every weight from a published directory and tags
+        what it samples from then on with our version (`weight_version`), so each generation
+        says which weights produced it. SGLang applies it between batches, so no request fails."""
+        version = int(store.read_weights_marker(Path(path))["version"])
+        response = await self.client.post("/update_weights_from_disk", json={
+            "model_path": str(Path(path).resolve()), "weight_version": str(version)})
         raise_for_status(response, "SGLang update_weights_from_disk")
         if not response.json().get("success", False):
             raise AdapterError(f"SGLang did not load the weights at {path}: {response.json().get('message')}")
+        self._weights_version = version
+        return version

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from clawr1.core.types import SamplingParams
+from clawr1.core.types import Generation, SamplingParams
 from clawr1.engine.remote import RemoteEngine, raise_for_status, sse_json
 
 
@@ -38,7 +38,7 @@ class VLLMEngine(RemoteEngine):
         return self.config.served_model
 
     async def _sample(self, prompt_ids: list[int], sampling: SamplingParams, max_tokens: int,
-                      served: str | None) -> AsyncIterator[tuple[int, float]]:
+                      served: str | None, gen: Generation) -> AsyncIterator[tuple[int, float]]:
         body = {"model": await self._model(served), "prompt": prompt_ids, "max_tokens": max_tokens,
                 "temperature": sampling.temperature, "top_p": sampling.top_p, "logprobs": 0,
                 "return_tokens_as_token_ids": True, "stream": True, "skip_special_tokens": False}

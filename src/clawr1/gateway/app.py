@@ -66,6 +66,7 @@ class Gateway:
         self.agent_keys = [(key.encode(), DEFAULT_TENANT) for key in config.gateway.api_keys] + [
             (key.encode(), tenant) for tenant, keys in config.tenants.keys.items() for key in keys]
         self.per_tenant = config.tenants.adapter_per_tenant
+        self.full = config.trainer.finetune == "full"  # versions are whole weights, not adapters
 
     # ---- request plumbing -----------------------------------------------------------------
     async def read(self, request: Request, model: type[M]) -> M:
@@ -136,6 +137,8 @@ class Gateway:
 
     def served_version(self, tenant: str = DEFAULT_TENANT) -> int:
         """The policy version a tenant's new requests get (0: the base model)."""
+        if self.full:
+            return self.engine.weights_version()
         return self.engine.adapters().get(self.adapter_of(tenant), 0)
 
     def admit(self, steps: int) -> None:
@@ -256,17 +259,21 @@ class Gateway:
         tenant's): the engine loads it beside the old one and flips the name atomically, so
         in-flight requests finish on their version and nothing fails. A version that does not load
         is logged once and skipped."""
-        root = Path(self.config.data_dir) / "adapters"
+        root = Path(self.config.data_dir) / ("weights" if self.full else "adapters")
         skipped: set[tuple[str, int]] = set()
         while True:
             await asyncio.sleep(self.config.gateway.adapter_poll_s)
             for name in await asyncio.to_thread(self._adapter_names, root):
                 newest = await asyncio.to_thread(adapters.latest, root, name)
-                if newest is None or (name, newest[0]) in skipped or newest[0] <= self.engine.adapters().get(name, -1):
+                serving = self.engine.weights_version() if self.full else self.engine.adapters().get(name, -1)
+                if newest is None or (name, newest[0]) in skipped or newest[0] <= serving:
                     continue
                 started = time.perf_counter()
                 try:
-                    await self.engine.load_adapter(name, newest[1])
+                    if self.full:  # the engine drains its batch, swaps every weight, resumes
+                        await self.engine.load_weights(newest[1])
+                    else:
+                        await self.engine.load_adapter(name, newest[1])
                 except EngineError as exc:
                     skipped.add((name, newest[0]))
                     log.error("%s v%d at %s was not loaded: %s", name, newest[0], newest[1], exc)
@@ -275,7 +282,7 @@ class Gateway:
                 log.info("serving %s v%d (loaded in %.0f ms)", name, newest[0], 1000 * (time.perf_counter() - started))
 
     def _adapter_names(self, root: Path) -> list[str]:
-        if not self.per_tenant:
+        if not self.per_tenant:  # the shared policy (an adapter, or under full fine-tuning whole weights)
             return [POLICY]
         prefix = adapter_name("")  # "policy-"
         return sorted(d.name for d in root.iterdir() if d.name.startswith(prefix)) if root.is_dir() else []

@@ -16,6 +16,9 @@ from safetensors.torch import load_file, save_file
 from clawr1.trainer.policy import Policy
 
 
+WEIGHTS = "trainable.safetensors"  # the LoRA matrices, or every weight under full fine-tuning
+
+
 def path_of(data_dir: Path, tenant: str | None = None) -> Path:
     return state_dir(data_dir, tenant) / "checkpoint"
 
@@ -36,7 +39,7 @@ def save(path: Path, policy: Policy, optimizer: torch.optim.Optimizer, state: di
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file({k: v.detach().contiguous() for k, v in policy.named_lora().items()}, tmp / "lora.safetensors")
+    save_file({k: v.detach().contiguous() for k, v in policy.named_trainable().items()}, tmp / WEIGHTS)
     torch.save({"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
                 "python_rng": random.getstate()}, tmp / "optimizer.pt")
     (tmp / "state.json").write_text(json.dumps(state))
@@ -59,8 +62,8 @@ def load(path: Path, policy: Policy, optimizer: torch.optim.Optimizer) -> dict[s
         if not (old / "state.json").is_file():
             return None
         path = old
-    weights = load_file(path / "lora.safetensors")
-    params = policy.named_lora()
+    weights = load_file(path / WEIGHTS if (path / WEIGHTS).is_file() else path / "lora.safetensors")  # older name
+    params = policy.named_trainable()
     missing = set(params) ^ set(weights)
     if missing:
         raise RuntimeError(f"checkpoint {path} does not match the LoRA config (differs in {sorted(missing)[:3]})")

@@ -40,7 +40,9 @@ class Trainer:
         if self.tc.threads:
             torch.set_num_threads(self.tc.threads)
         self.root = Path(config.data_dir)
-        self.adapter_root = self.root / "adapters"
+        # LoRA versions are adapters; full fine-tuning publishes whole models (`trainer.finetune`).
+        self.publish = adapters.publish_weights if self.tc.finetune == "full" else adapters.publish
+        self.adapter_root = self.root / ("weights" if self.tc.finetune == "full" else "adapters")
         self.adapter = adapter_name(tenant)
         self.policy = policy or Policy(resolve_model(config.engine.model, config.data_dir), self.tc, self.adapter)
         self.policy.add(self.adapter)
@@ -82,7 +84,7 @@ class Trainer:
         metrics = self.train_step(samples)
         self.version += 1
         t = time.perf_counter()
-        adapters.publish(self.policy.model, self.adapter_root, self.adapter, self.version)
+        self.publish(self.policy.model, self.adapter_root, self.adapter, self.version)
         metrics["publish_s"] = time.perf_counter() - t
         checkpoint.save(checkpoint.path_of(self.root, self.tenant), self.policy, self.optimizer,
                         {"step": self.step_count, "version": self.version, "lease_id": lease.lease_id})

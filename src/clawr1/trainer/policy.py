@@ -9,6 +9,7 @@ the right edge, which is what `logits_to_keep` keeps.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +60,7 @@ class Policy:
     the base model (KL reference, base teacher) without a second copy of the weights.
 
     Several adapters share one base (per-tenant training): `activate(name)` makes one the active,
-    and the only trainable, adapter (peft's `set_adapter`); `parameters()`/`named_lora()` are then
+    and the only trainable, adapter (peft's `set_adapter`); `parameters()`/`named_trainable()` are then
     that adapter's."""
 
     def __init__(self, model_path: Path, config: TrainerConfig, adapter: str = ADAPTER):
@@ -69,33 +70,51 @@ class Policy:
         self.chat = ChatFormat(self.tokenizer)
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         self.seed = config.seed
-        self.lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=config.lora_targets,
-                               lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
-        torch.manual_seed(self.seed)  # LoRA A init
-        self.model = get_peft_model(base, self.lora, adapter_name=adapter)
+        self.full = config.finetune == "full"
+        self._reference: Any = None
+        if self.full:  # every weight trains; the base stays only where something compares with it
+            self.model = base
+            if config.kl_coef > 0 or config.teacher == "base":
+                self._reference = copy.deepcopy(base).eval().requires_grad_(False)
+        else:
+            self.lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha,
+                                   target_modules=config.lora_targets, lora_dropout=0.0, bias="none",
+                                   task_type="CAUSAL_LM")
+            torch.manual_seed(self.seed)  # LoRA A init
+            self.model = get_peft_model(base, self.lora, adapter_name=adapter)
         self.model.train()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
     def add(self, adapter: str) -> None:
         """Another adapter on the same base (a no-op when it exists); initialised like the first."""
-        if adapter not in self.model.peft_config:
+        if not self.full and adapter not in self.model.peft_config:
             torch.manual_seed(self.seed)
             self.model.add_adapter(adapter, self.lora)
 
     def activate(self, adapter: str) -> None:
-        if self.model.active_adapter != adapter:
+        if not self.full and self.model.active_adapter != adapter:
             self.model.set_adapter(adapter)  # also makes it the only adapter with requires_grad
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
-    def named_lora(self) -> dict[str, torch.Tensor]:
+    def named_trainable(self) -> dict[str, torch.Tensor]:
         return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
 
     @contextlib.contextmanager
     def adapter_off(self) -> Iterator[None]:
-        with self.model.disable_adapter():
+        """The base model: the adapter switched off, or (full fine-tuning) the kept original."""
+        if not self.full:
+            with self.model.disable_adapter():
+                yield
+            return
+        if self._reference is None:
+            raise RuntimeError("full fine-tuning keeps the base model only for kl_coef > 0 or teacher = \"base\"")
+        model, self.model = self.model, self._reference
+        try:
             yield
+        finally:
+            self.model = model
 
     def logprobs(self, rows: Rows) -> torch.Tensor:
         """[B, K] logprobs of `rows.targets` under the temperature each reply was sampled at."""

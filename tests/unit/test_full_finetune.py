@@ -1,0 +1,96 @@
+"""Full fine-tuning (`trainer.finetune = "full"`): every weight trains, whole models are published
+with the same marker discipline as adapters, and the engine swaps them between batches: requests
+running finish on the old weights, queued ones wait, none fail; the gateway serves the new
+version the moment it is in."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+import torch
+
+from clawr1.core.config import EngineConfig, load_config
+from clawr1.core.types import SamplingParams
+from clawr1.datapool import SQLitePool
+from clawr1.engine import adapters as store
+from clawr1.engine.local import LocalEngine
+from clawr1.trainer.loop import Trainer
+from tests.conftest import run
+from tests.gateway_helpers import live_gateway, wait_for
+from tests.unit.test_trainer import config_for, fill, generations  # noqa: F401  (the fixture)
+
+
+@pytest.fixture
+def own_engine(tiny_model_dir):
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8))
+    yield engine
+    run(engine.close())
+
+
+def test_a_full_step_moves_the_weights_and_publishes_a_whole_model(tiny_model_dir, tmp_path, generations):
+    config = config_for(tiny_model_dir, tmp_path, 'trainer.finetune="full"', "trainer.lr=1e-3")
+    with SQLitePool(tmp_path, config.pool) as pool:
+        fill(pool, generations)
+        trainer = Trainer(config, pool)
+        before = {n: p.detach().clone() for n, p in trainer.policy.named_trainable().items()}
+        assert len(before) == len(list(trainer.policy.model.parameters()))  # every weight, no adapter
+        metrics = trainer.run_once()
+        trainer.close()
+    moved = {n for n, p in trainer.policy.named_trainable().items() if not torch.equal(p, before[n])}
+    assert moved == set(before)  # every tensor moved (Adam's first step moves all with a gradient)
+    path = store.latest(tmp_path / "weights", "policy")[1]
+    assert metrics["version"] == 1 and store.read_weights_marker(path)["version"] == 1
+    assert {"config.json", "model.safetensors", "STABLE"} <= {f.name for f in path.iterdir()}
+    assert not (tmp_path / "adapters").exists()
+
+
+def test_the_engine_swaps_weights_between_batches_and_nothing_fails(own_engine, tiny_model_dir, tmp_path):
+    engine = own_engine
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.mul_(0.9)
+    path = store.publish_weights(model, tmp_path / "weights", "policy", 1)
+
+    async def go():
+        prompt = engine.render([{"role": "user", "content": "Hello"}])
+        running = engine.generate(prompt, SamplingParams(max_tokens=60, temperature=1.0, seed=1))
+        await running.__anext__()  # it is decoding
+        swap = asyncio.ensure_future(engine.load_weights(path))
+        await asyncio.sleep(0.01)
+        queued = engine.generate(prompt, SamplingParams(max_tokens=5, temperature=1.0, seed=2))  # waits the drain
+        old, version = await running.final(), await swap
+        new = await queued.final()
+        assert version == 1 and engine.weights_version() == 1
+        assert (old.version, new.version) == (0, 1) and {old.finish_reason, new.finish_reason} <= {"stop", "length"}
+        # Each was sampled by the weights it is labelled with: rescored now (v1) only the new one agrees.
+        assert await engine.score(prompt, new.token_ids) == pytest.approx(new.logprobs, abs=1e-4)
+        assert await engine.score(prompt, old.token_ids) != pytest.approx(old.logprobs, abs=1e-4)
+    run(go())
+
+
+def test_the_gateway_serves_each_new_full_version(own_engine, tiny_model_dir, tmp_path, generations):
+    overrides = ['trainer.finetune="full"', "gateway.adapter_poll_s=0.05", f'engine.model="{tiny_model_dir}"',
+                 "trainer.batch_size=3", "trainer.max_wait_s=0", "trainer.lr=1e-3"]
+    with live_gateway(own_engine, tmp_path, *overrides) as (base, pool):
+        fill(pool, generations)
+        config = load_config(None, [f'data_dir="{tmp_path}"', *overrides])
+        with SQLitePool(tmp_path, config.pool) as trainer_pool:
+            trainer = Trainer(config, trainer_pool)
+            assert trainer.run_once()["version"] == 1
+            trainer.close()
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        wait_for(lambda: httpx.post(f"{base}/v1/chat/completions", json=body, timeout=30).json()["system_fingerprint"]
+                 == "clawr1-v1", what="v1's weights served")
+        assert httpx.get(f"{base}/metrics").text.count("clawr1_policy_version 1.0") == 1
+
+
+def test_full_finetuning_refuses_what_cannot_work():
+    with pytest.raises(ValueError, match="adapter_per_tenant"):
+        load_config(None, ['trainer.finetune="full"', "tenants.adapter_per_tenant=true"])
+    with pytest.raises(ValueError, match="vLLM"):
+        load_config(None, ['trainer.finetune="full"', 'engine.backend="vllm"', 'engine.url="http://x"'])
