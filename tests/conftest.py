@@ -18,6 +18,7 @@ import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from clawr1.core.config import EngineConfig
+from clawr1.core.types import SamplingParams
 from clawr1.engine.local import LocalEngine
 from clawr1.engine.models import embedded_gguf
 
@@ -86,3 +87,20 @@ def open_test_pool(request, tmp_path):
     yield make
     for pool in opened:
         pool.close()
+
+
+QUESTIONS = [f"Question number {i}: tell me something." for i in range(12)]
+
+
+@pytest.fixture(scope="module")
+def generations(engine):
+    """Real sampled replies of the tiny engine (ids + behaviour logprobs)."""
+    async def go():
+        out = []
+        for i, q in enumerate(QUESTIONS):
+            messages = [{"role": "user", "content": q}]
+            gen = await engine.generate(engine.render(messages), SamplingParams(max_tokens=12, temperature=1.0,
+                                                                                seed=i)).final()
+            out.append((messages, gen))
+        return out
+    return run(go())

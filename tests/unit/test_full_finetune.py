@@ -19,7 +19,7 @@ from clawr1.engine.local import LocalEngine
 from clawr1.trainer.loop import Trainer
 from tests.conftest import run
 from tests.gateway_helpers import live_gateway, wait_for
-from tests.unit.test_trainer import config_for, fill, generations  # noqa: F401  (the fixture)
+from tests.unit.test_trainer import config_for, fill
 
 
 @pytest.fixture

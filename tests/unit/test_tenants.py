@@ -53,7 +53,7 @@ def test_each_tenant_trains_and_is_served_its_own_adapter_and_sees_only_its_own_
                                                                                       tmp_path):
     overrides = [f'engine.model="{tiny_model_dir}"', *OVERRIDES]
     with live_gateway(own_engine, tmp_path, *overrides) as (base, pool):
-        a_first, b_first = converse(base, ACME), converse(base, GLOBEX)  # the very same words, two tenants
+        a_first, _ = converse(base, ACME), converse(base, GLOBEX)  # the very same words, two tenants
         steps = steps_of(pool, 4)
         sessions = {s.tenant: s.session_id for s in steps}
         assert len({s.session_id for s in steps}) == 2 and set(sessions) == {"acme", "globex"}

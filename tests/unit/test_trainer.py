@@ -7,29 +7,11 @@ import torch
 
 from clawr1.core.config import load_config
 from clawr1.core.records import Hint, Reward, Step
-from clawr1.core.types import SamplingParams
 from clawr1.datapool import SQLitePool
 from clawr1.engine import adapters
 from clawr1.trainer import checkpoint
 from clawr1.trainer.loop import Trainer
 from clawr1.trainer.policy import ADAPTER
-from tests.conftest import run
-
-QUESTIONS = [f"Question number {i}: tell me something." for i in range(12)]
-
-
-@pytest.fixture(scope="module")
-def generations(engine):
-    """Real sampled replies of the tiny engine (ids + behaviour logprobs)."""
-    async def go():
-        out = []
-        for i, q in enumerate(QUESTIONS):
-            messages = [{"role": "user", "content": q}]
-            gen = await engine.generate(engine.render(messages), SamplingParams(max_tokens=12, temperature=1.0,
-                                                                                seed=i)).final()
-            out.append((messages, gen))
-        return out
-    return run(go())
 
 
 def fill(pool: SQLitePool, generations, hints: bool = True) -> list[str]:

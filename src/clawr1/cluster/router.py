@@ -22,20 +22,15 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoTokenizer
-
 from clawr1.core.config import EngineConfig
 from clawr1.core.types import (
-    ContextLengthError,
     EngineFailure,
     Generation,
-    InvalidRequestError,
-    ParsedCompletion,
     SamplingParams,
     TokenEvent,
     UnknownAdapterError,
 )
-from clawr1.engine.chat import ChatFormat
+from clawr1.engine.frontend import Frontend
 
 log = logging.getLogger(__name__)
 
@@ -115,15 +110,10 @@ class RouterStream:
             ray.cancel(self._refs)
 
 
-class RouterEngine:
+class RouterEngine(Frontend):
     def __init__(self, model_path: Path, config: EngineConfig, replicas: list[Any]):
-        import json
-
+        super().__init__(model_path, config.max_context)
         self.config, self.replicas = config, replicas
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.chat = ChatFormat(self.tokenizer)
-        model_config = json.loads((Path(model_path) / "config.json").read_text())
-        self.max_context = config.max_context or int(model_config.get("max_position_embeddings", 2048))
         self.up = [True] * len(replicas)
         self._versions: dict[str, int] = {}
         self._paths: dict[str, Path] = {}  # the directory each served version was loaded from
@@ -171,21 +161,10 @@ class RouterEngine:
                 self.up[index] = True
                 log.warning("engine replica %d is back, serving %s", index, served)
 
-    # ---- the contract ---------------------------------------------------------------------
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        return self.chat.render(messages, tools)
-
-    def parse(self, text: str) -> ParsedCompletion:
-        return self.chat.parse(text)
-
+    # ---- the contract (render and parse: `Frontend`) ---------------------------------------
     def generate(self, prompt_ids: list[int], sampling: SamplingParams, adapter: str | None = None,
                  affinity: str | None = None) -> RouterStream:
-        if not prompt_ids:
-            raise InvalidRequestError("the prompt is empty", "messages")
-        room = self.max_context - len(prompt_ids)
-        if room < 1:
-            raise ContextLengthError(f"the prompt has {len(prompt_ids)} tokens; this model's context is "
-                                     f"{self.max_context} and at least one completion token must fit", "messages")
+        room = self.room(prompt_ids)
         if adapter is not None and adapter not in self._versions:
             raise UnknownAdapterError(f"no adapter named {adapter!r}", "model")
         clamped = SamplingParams(max_tokens=min(sampling.max_tokens, room), temperature=sampling.temperature,

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from transformers import AutoTokenizer
 
 from clawr1.core.config import EngineConfig
 from clawr1.core.types import (
@@ -32,13 +31,12 @@ from clawr1.core.types import (
     EngineOverloadedError,
     Generation,
     InvalidRequestError,
-    ParsedCompletion,
     SamplingParams,
     TokenEvent,
     UnknownAdapterError,
 )
 from clawr1.engine import adapters as store
-from clawr1.engine.chat import ChatFormat
+from clawr1.engine.frontend import Frontend
 from clawr1.engine.text import flush, visible_delta
 
 log = logging.getLogger(__name__)
@@ -81,18 +79,13 @@ class RemoteStream:
             self.task.cancel()
 
 
-class RemoteEngine(ABC):
+class RemoteEngine(Frontend, ABC):
     """Serves through `config.url`; the tokenizer (and chat template) come from the local model
     directory of the same model."""
 
     def __init__(self, model_path: Path, config: EngineConfig):
+        super().__init__(model_path, config.max_context)
         self.config = config
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.chat = ChatFormat(self.tokenizer)
-        self.max_context = config.max_context or int(_model_json(model_path, "config.json").get(
-            "max_position_embeddings", 2048))
-        eos = [self.tokenizer.eos_token_id, _model_json(model_path, "generation_config.json").get("eos_token_id")]
-        self.eos_ids = frozenset(i for e in eos for i in (e if isinstance(e, list) else [e]) if i is not None)
         headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
         self.client = httpx.AsyncClient(base_url=str(config.url).rstrip("/"), headers=headers,
                                         timeout=httpx.Timeout(600.0, connect=10.0))
@@ -121,24 +114,12 @@ class RemoteEngine(ABC):
     @abstractmethod
     async def _unload(self, served: str) -> None: ...
 
-    # ---- the contract ---------------------------------------------------------------------
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        return self.chat.render(messages, tools)
-
-    def parse(self, text: str) -> ParsedCompletion:
-        return self.chat.parse(text)
-
+    # ---- the contract (render and parse: `Frontend`) ---------------------------------------
     def generate(self, prompt_ids: list[int], sampling: SamplingParams, adapter: str | None = None,
                  affinity: str | None = None) -> RemoteStream:
         if self._closed:
             raise EngineFailure("the engine is closed")
-        if not prompt_ids:
-            raise InvalidRequestError("the prompt is empty", "messages")
-        room = self.max_context - len(prompt_ids)
-        if room < 1:
-            raise ContextLengthError(
-                f"the prompt has {len(prompt_ids)} tokens; this model's context is {self.max_context} "
-                "and at least one completion token must fit", "messages")
+        room = self.room(prompt_ids)
         if self._pending >= self.config.max_queue + self.config.max_batch:
             raise EngineOverloadedError(f"the engine has {self._pending} requests in flight; retry shortly")
         served, version = self._hold(adapter)
@@ -267,11 +248,6 @@ class RemoteEngine(ABC):
         finally:
             self._pending -= 1
             self._release(served)
-
-
-def _model_json(model_path: Path, name: str) -> dict[str, Any]:
-    path = Path(model_path) / name
-    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 async def sse_json(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:

@@ -1,0 +1,46 @@
+"""What an engine that does not hold the weights itself still owns: the model's tokenizer and chat
+template (so prompt ids are rendered here and recorded exactly), its context window and end-of-turn
+ids, and the checks a request gets before anything is sent. The remote engines (vLLM, SGLang) and
+the Ray router are `Frontend`s; the local engine does the same with the model in hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoTokenizer
+
+from clawr1.core.types import ContextLengthError, InvalidRequestError, ParsedCompletion
+from clawr1.engine.chat import ChatFormat
+
+
+def _model_json(model_path: Path, name: str) -> dict[str, Any]:
+    path = Path(model_path) / name
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+class Frontend:
+    def __init__(self, model_path: Path, max_context: int = 0):
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.chat = ChatFormat(self.tokenizer)
+        self.max_context = max_context or int(_model_json(model_path, "config.json").get("max_position_embeddings", 2048))
+        eos = [self.tokenizer.eos_token_id, _model_json(model_path, "generation_config.json").get("eos_token_id")]
+        self.eos_ids = frozenset(i for e in eos for i in (e if isinstance(e, list) else [e]) if i is not None)
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        return self.chat.render(messages, tools)
+
+    def parse(self, text: str) -> ParsedCompletion:
+        return self.chat.parse(text)
+
+    def room(self, prompt_ids: list[int]) -> int:
+        """Completion tokens that fit after the prompt; a prompt that leaves none is refused."""
+        if not prompt_ids:
+            raise InvalidRequestError("the prompt is empty", "messages")
+        room = self.max_context - len(prompt_ids)
+        if room < 1:
+            raise ContextLengthError(
+                f"the prompt has {len(prompt_ids)} tokens; this model's context is {self.max_context} "
+                "and at least one completion token must fit", "messages")
+        return room
