@@ -46,6 +46,7 @@ from clawr1.core.types import (
 from clawr1.engine import adapters as store
 from clawr1.engine.batch import KVBatch, sample
 from clawr1.engine.chat import ChatFormat
+from clawr1.engine.queued import QueuedStream
 from clawr1.engine.slots import AdapterSlots
 from clawr1.engine.text import flush, visible_delta
 
@@ -75,33 +76,13 @@ class _Request:
         self.loop.call_soon_threadsafe(self.out.put_nowait, item)
 
 
-class LocalStream:
-    """Async iterator over a request's TokenEvents; `final()` returns the Generation."""
+class LocalStream(QueuedStream):
+    """Async iterator over a request's TokenEvents (the scheduler thread feeds it); `final()`
+    returns the Generation."""
 
     def __init__(self, request: _Request):
+        super().__init__(request.out, request.gen.version)
         self._request = request
-        self.version = request.gen.version
-        self.generation: Generation | None = None
-
-    def __aiter__(self) -> LocalStream:
-        return self
-
-    async def __anext__(self) -> TokenEvent:
-        if self.generation is not None:
-            raise StopAsyncIteration
-        item = await self._request.out.get()
-        if isinstance(item, BaseException):
-            raise item
-        if isinstance(item, Generation):
-            self.generation = item
-            raise StopAsyncIteration
-        return item
-
-    async def final(self) -> Generation:
-        async for _ in self:
-            pass
-        assert self.generation is not None
-        return self.generation
 
     def cancel(self) -> None:
         """Stop generating; the Generation finishes with `finish_reason="aborted"`."""

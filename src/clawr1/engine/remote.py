@@ -37,41 +37,20 @@ from clawr1.core.types import (
 )
 from clawr1.engine import adapters as store
 from clawr1.engine.frontend import Frontend
+from clawr1.engine.queued import QueuedStream
 from clawr1.engine.text import flush, visible_delta
 
 log = logging.getLogger(__name__)
 
 
-class RemoteStream:
+class RemoteStream(QueuedStream):
     """A GenerationStream fed by one server request running as a task."""
 
     def __init__(self, gen: Generation, sampling: SamplingParams, max_tokens: int):
+        super().__init__(asyncio.Queue(), gen.version)
         self.gen, self.sampling, self.max_tokens = gen, sampling, max_tokens
-        self.version = gen.version
-        self.out: asyncio.Queue = asyncio.Queue()
         self.task: asyncio.Task | None = None
         self.emitted = 0
-        self._done = False
-
-    def __aiter__(self) -> RemoteStream:
-        return self
-
-    async def __anext__(self) -> TokenEvent:
-        if self._done:
-            raise StopAsyncIteration
-        item = await self.out.get()
-        if isinstance(item, BaseException):
-            self._done = True
-            raise item
-        if isinstance(item, Generation):
-            self._done = True
-            raise StopAsyncIteration
-        return item
-
-    async def final(self) -> Generation:
-        async for _ in self:
-            pass
-        return self.gen
 
     def cancel(self) -> None:
         """Stop generating (the server request is closed); the Generation ends as `aborted`."""

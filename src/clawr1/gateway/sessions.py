@@ -112,15 +112,14 @@ def hash_key(key: str) -> str:
 def affinity_key(tenant: str, messages: list[dict[str, Any]], headers: dict[str, str],
                  path_ids: tuple[str, str] | None) -> str:
     """Which engine replica a request should go to, known before the session is resolved: the
-    session id when the client names one, else the conversation's opening (system and first user
-    message), which every later turn of a stock client's conversation repeats."""
+    session id when the client names one, else the conversation's first user message, which every
+    later turn of a stock client's conversation repeats. Only routing depends on it (two
+    conversations sharing a key just share a replica), so it hashes that one message, not the
+    whole opening: an agent's system prompt can be 40k characters on every request."""
     if path_ids is not None:
         return f"{tenant}/{path_ids[0]}"
     if headers.get("x-session-id"):
         return f"{tenant}/{headers['x-session-id']}"
-    opening = []
-    for message in messages:
-        opening.append(message)
-        if message.get("role") == "user":
-            break
-    return tenant + "/" + hashlib.sha1(json.dumps(opening, sort_keys=True, default=str).encode()).hexdigest()
+    first = next((m.get("content") for m in messages if m.get("role") == "user"), None)
+    text = first if isinstance(first, str) else json.dumps(first, default=str)
+    return tenant + "/" + hashlib.blake2b(text.encode(), digest_size=8).hexdigest()

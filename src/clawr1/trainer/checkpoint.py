@@ -15,7 +15,6 @@ from safetensors.torch import load_file, save_file
 
 from clawr1.trainer.policy import Policy
 
-
 WEIGHTS = "trainable.safetensors"  # the LoRA matrices, or every weight under full fine-tuning
 
 
