@@ -172,9 +172,9 @@ def test_client_disconnect_cancels_and_stores_aborted(engine, tmp_path, stream):
             with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=30) as response:
                 lines = response.iter_lines()
                 assert [next(lines) for _ in range(8)]
-        else:  # the client gives up waiting for the whole reply
+        else:  # the client gives up waiting for the whole reply (well before 400 tokens on an idle machine)
             with pytest.raises(httpx.ReadTimeout):
-                httpx.post(f"{base}/v1/chat/completions", json=body, timeout=0.4)
+                httpx.post(f"{base}/v1/chat/completions", json=body, timeout=0.15)
         [step] = steps_of(pool, 1)
         assert step.finish_reason == "aborted" and 0 < len(step.token_ids) < 400
         assert len(step.logprobs) == len(step.token_ids)
