@@ -26,12 +26,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def live_gateway(engine, data_dir: Path, *overrides: str) -> Iterator[tuple[str, DataPool]]:
-    """Serve `engine` on a free port until the block ends; yields (base_url, pool)."""
+def live_gateway(engine, data_dir: Path, *overrides: str, wrap_pool=None) -> Iterator[tuple[str, DataPool]]:
+    """Serve `engine` on a free port until the block ends; yields (base_url, pool). `wrap_pool(pool)`:
+    what the gateway gets instead of the pool (a fault injected in front of the real one)."""
     config = load_config(None, [f'data_dir="{data_dir}"', *overrides])
     pool = open_pool(config)  # the SQLite file in data_dir, or pool.backend = "postgres"
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, pool, config), host="127.0.0.1", port=port,
+    served = wrap_pool(pool) if wrap_pool else pool
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, served, config), host="127.0.0.1", port=port,
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

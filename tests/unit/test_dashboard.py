@@ -46,7 +46,8 @@ def trained(own_engine, tiny_model_dir, tmp_path_factory):
     it, the gateway swapping v+1 in. Probes are side turns, so they are never samples."""
     data_dir = tmp_path_factory.mktemp("dashboard")
     overrides = [f'gateway.admin_key="{ADMIN}"', "gateway.adapter_poll_s=0.05", f'engine.model="{tiny_model_dir}"',
-                 "trainer.batch_size=1", "trainer.max_wait_s=0", "trainer.lr=0.01"]
+                 "trainer.batch_size=1", "trainer.max_wait_s=0", "trainer.lr=0.01",
+                 "guard.enabled=false"]  # every version served at once: the guard's panel is in test_guard.py
     first = [{"role": "user", "content": "Say hi <script>alert(1)</script>"}]
     with live_gateway(own_engine, data_dir, *overrides) as (base, pool):
         config = load_config(None, [f'data_dir="{data_dir}"', *overrides])
@@ -194,3 +195,22 @@ def test_headless_chromium_signs_in_draws_the_curves_and_refreshes_live(trained,
         finally:
             browser.close()
     assert not errors, errors  # a CSP violation or a script error would be logged here
+
+
+def test_session_page_shows_a_turn_the_judge_gave_up_on_and_why(tmp_path):
+    from types import SimpleNamespace
+
+    from clawr1.gateway.dashboard import data, views
+    from tests.unit.test_reward_worker import conversation
+
+    with SQLitePool(tmp_path) as pool:
+        conversation(pool, "hard", "Thanks <b>a lot</b>")
+        conversation(pool, "flaky", "Thanks")
+        for attempt in range(3):
+            pool.judge_failed("hard-0", f"RuntimeError: judge <down> ({attempt})", 3, 0.01)
+        pool.judge_failed("flaky-0", "TimeoutError: slow judge", 3, 0.01)
+        gw = SimpleNamespace(pool=pool)
+        html = views.session_page(data.session(gw, "hard", None), "note")
+        assert "judge gave up after 3 failed attempts" in html and "RuntimeError: judge &lt;down&gt; (2)" in html
+        flaky = views.session_page(data.session(gw, "flaky", None), "note")
+        assert "judging failed 1 time, retrying; last error: TimeoutError: slow judge" in flaky

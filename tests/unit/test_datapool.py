@@ -254,3 +254,76 @@ def test_a_pool_from_before_session_keys_is_upgraded(tmp_path):
         assert pool.open_session("new", key_hash="h" * 64)
         assert pool.session_by_key("h" * 64) == ("default", "new", "open")
         assert pool.stats()["sessions"] == 2
+
+
+def test_the_judge_gets_unjudged_turns_by_shard_retries_failures_and_gives_up(pool):
+    import time
+
+    from clawr1.datapool.schema import shard_key
+
+    pool.append_steps([make_step(f"s{i}-{t}", f"s{i}", t) for i in range(8) for t in range(2)])
+    waiting = sorted(f"s{i}-0" for i in range(8))  # turn 1 has no next state yet
+    assert sorted(pool.unjudged()) == waiting
+    shards = [pool.unjudged(shard=(i, 3)) for i in range(3)]
+    assert sorted(sum(shards, [])) == waiting and all(shards)
+    assert all(shard_key(step_id) % 3 == i for i, ids in enumerate(shards) for step_id in ids)
+    for i, ids in enumerate(shards):  # the limit counts the shard's own turns only
+        assert len(pool.unjudged(1, (i, 3))) == 1 and set(pool.unjudged(1, (i, 3))) <= set(ids)
+
+    assert pool.judge_failed("s0-0", "TimeoutError: the judge server", 2, 3600.0) is False
+    sample = pool.show("s0-0")["sample"]
+    assert (sample["judge_attempts"], sample["judge_error"], sample["judge_gave_up_at"]) == (
+        1, "TimeoutError: the judge server", None)
+    assert sample["judge_retry_at"] > time.time() + 3000 and "s0-0" not in pool.unjudged()  # backing off
+    assert pool.judge_failed("s0-0", "ValueError: no score in the reply", 2, 3600.0) is True
+    sample = pool.show("s0-0")["sample"]
+    assert (sample["judge_attempts"], sample["judge_error"]) == (2, "ValueError: no score in the reply")
+    assert sample["judge_gave_up_at"] is not None and sample["judge_retry_at"] is None
+    assert "s0-0" not in pool.unjudged()
+
+    assert pool.judge_failed("s1-0", "RuntimeError: once", 3, 0.05) is False
+    assert "s1-0" not in pool.unjudged()
+    time.sleep(0.1)
+    assert "s1-0" in pool.unjudged()  # its retry time came
+
+    pool.add_reward(Reward(step_id="s0-0", score=1.0, source="feedback"))  # a give-up does not block feedback
+    assert pool.show("s0-0")["sample"]["status"] == "ready"
+    with pytest.raises(UnknownStepError):
+        pool.judge_failed("nope", "x", 3, 1.0)
+    with pytest.raises(ValueError):
+        pool.unjudged(shard=(3, 3))
+
+
+def _downgrade_to_v1(pool) -> None:
+    """Turn a pool's database back into schema v1's: no judge columns, version 1."""
+    from clawr1.datapool import SQLitePool
+
+    if isinstance(pool, SQLitePool):
+        conn, version = sqlite3.connect(pool.path, isolation_level=None), "PRAGMA user_version = 1"
+    else:
+        import psycopg
+
+        conn = psycopg.connect(pool.dsn, autocommit=True)
+        version = "UPDATE clawr1_meta SET value = '1' WHERE key = 'schema_version'"
+    conn.execute("DROP INDEX samples_unjudged")
+    for column in ("shard_key", "judge_attempts", "judge_error", "judge_retry_at", "judge_gave_up_at"):
+        conn.execute(f"ALTER TABLE samples DROP COLUMN {column}")
+    conn.execute(version)
+    conn.close()
+
+
+def test_a_pool_from_schema_v1_gets_the_judge_columns_and_its_turns_their_shards(open_test_pool):
+    from clawr1.datapool.schema import shard_key
+
+    old = open_test_pool()
+    old.append_steps([make_step(f"s{i}-{t}", f"s{i}", t) for i in range(6) for t in range(2)])
+    old.close()
+    _downgrade_to_v1(old)
+    pool = open_test_pool(like=old)
+    shards = [pool.unjudged(shard=(i, 2)) for i in range(2)]
+    assert sorted(sum(shards, [])) == sorted(f"s{i}-0" for i in range(6)) and all(shards)
+    assert all(shard_key(step_id) % 2 == i for i, ids in enumerate(shards) for step_id in ids)
+    assert pool.judge_failed("s0-0", "RuntimeError: x", 1, 1.0) is True
+    assert pool.show("s0-0")["sample"]["judge_attempts"] == 1
+    pool.append_step(make_step("s0-2", "s0", 2))  # new turns get their shard key at insert
+    assert "s0-1" in pool.unjudged(shard=(shard_key("s0-1") % 2, 2))

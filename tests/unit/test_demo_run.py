@@ -1,5 +1,6 @@
 """`clawr1 demo` end to end (tiny model): `clawr1 up` starts, users talk, versions go live, the
-summary reports the preference score per version and before/after on held-out prompts."""
+summary reports preferred-and-sane beside the preference score and the sane rate, before/after on
+held-out prompts, with a held-out curve and the replies verbatim."""
 
 from __future__ import annotations
 
@@ -8,22 +9,39 @@ import subprocess
 import sys
 
 
-def test_a_short_demo_finishes_and_reports_the_score_per_version(tiny_model_dir, tmp_path):
+def test_a_short_demo_finishes_and_reports_preference_and_quality_per_version(tiny_model_dir, tmp_path):
     cmd = [sys.executable, "-m", "clawr1.cli.main", "demo", "--model", str(tiny_model_dir), "--data-dir", str(tmp_path),
            "--steps", "2", "--batch-size", "2", "--users", "3", "--turns", "2", "--max-tokens", "8",
-           "--eval-questions", "1", "--max-minutes", "5", "--threads", "1"]
+           "--eval-questions", "3", "--eval-every", "1", "--preferences", "short,no-exclamation,by-name",
+           "--max-minutes", "5", "--threads", "1"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "demo summary (combine)" in done.stdout and "preference score" in done.stdout
+    out = done.stdout
+    assert "demo summary (combine" in out and "held-out preferred and sane" in out and "sane rate" in out
+    assert "held-out replies, before -> after" in out
     result = json.loads((tmp_path / "demo" / "combine-seed0" / "demo.json").read_text())
+    assert result["settings"]["preferences"] == ["short", "no-exclamation", "by-name"]
+    assert result["settings"]["lr"] is None  # the product's learning rate: the demo set none
     versions = [row["version"] for row in result["per_version"]]
     assert versions[0] == 0 and result["reached_version"] >= 2 and versions[-1] == result["reached_version"]
     assert all(0 <= row["score"] <= 1 and row["replies"] > 0 for row in result["per_version"])
-    assert result["before"]["n"] == 3 and result["before"]["versions"] == {"clawr1-v0": 3}
-    assert result["after"]["n"] == 3 and "clawr1-v0" not in result["after"]["versions"]
+    # Every user reply was measured against the base's held-out replies (flushed at the end).
+    assert sum(row["measured"] for row in result["per_version"]) == result["replies"]
+    assert all(row["sane_rate"] is not None and 0 <= row["sane_rate"] <= 1 for row in result["per_version"])
+    before, after = result["before"], result["after"]
+    assert before["n"] == after["n"] == 9 and before["versions"] == {"clawr1-v0": 9}
+    assert "clawr1-v0" not in after["versions"] and after["base"] == before["base"]  # the base, asked once
+    for shown in (before, after):
+        assert shown["quality_error"] is None and 0 <= shown["preferred_and_sane"] <= shown["score"]
+        assert len(shown["replies"]) == 9 and all({"question", "text", "preference", "sane", "preferred", "reasons"}
+                                                  <= set(r) for r in shown["replies"])
+    # The held-out curve: before, at least one evaluation while the users talked, after.
+    assert len(result["curve"]) >= 3 and result["curve"][0]["version"] == 0
+    assert result["curve"][-1]["version"] == max(int(v.rsplit("v", 1)[1]) for v in after["versions"])
     # The versions were trained by the production trainer on judged turns.
     assert [m["version"] for m in result["trainer"]][:2] == [1, 2] and all(m["lease"] >= 1 for m in result["trainer"])
     # The main job shut down cleanly: its pool is closed and readable.
     stats = subprocess.run([sys.executable, "-m", "clawr1.cli.main", "pool", "stats", "--json", "--data-dir",
-                            str(tmp_path / "demo" / "combine-seed0")], capture_output=True, text=True, timeout=120, check=True)
+                            str(tmp_path / "demo" / "combine-seed0")],
+                           capture_output=True, text=True, timeout=120, check=True)
     assert json.loads(stats.stdout.strip().splitlines()[-1])["rewards"] >= 4

@@ -73,6 +73,35 @@ def test_the_engine_swaps_weights_between_batches_and_nothing_fails(own_engine, 
     run(go())
 
 
+def test_a_second_weights_load_queued_before_the_first_is_applied_answers_both(own_engine, tiny_model_dir,
+                                                                                tmp_path):
+    engine = own_engine
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    paths = []
+    for version in (1, 2):
+        with torch.no_grad():
+            for param in model.parameters():
+                param.mul_(0.9)
+        paths.append(store.publish_weights(model, tmp_path / "weights", "policy", version))
+
+    async def go():
+        prompt = engine.render([{"role": "user", "content": "Hello"}])
+        running = engine.generate(prompt, SamplingParams(max_tokens=400, temperature=1.0, seed=1))
+        await running.__anext__()  # decoding: both loads wait for this batch to drain
+        first = asyncio.ensure_future(engine.load_weights(paths[0]))
+        await asyncio.sleep(0.05)
+        second = asyncio.ensure_future(engine.load_weights(paths[1]))
+        await asyncio.sleep(0.05)
+        assert running._request.gen.finish_reason is None, "the batch drained before both loads were queued"
+        versions = await asyncio.wait_for(asyncio.gather(first, second), timeout=30)  # none waits forever
+        assert versions == [2, 2] and engine.weights_version() == 2  # the newer one is applied, once
+        assert engine.stats["weight_swaps"] == 1
+        assert (await running.final()).version == 0
+    run(go())
+
+
 def test_the_gateway_serves_each_new_full_version(own_engine, tiny_model_dir, tmp_path, generations):
     overrides = ['trainer.finetune="full"', "gateway.adapter_poll_s=0.05", f'engine.model="{tiny_model_dir}"',
                  "trainer.batch_size=3", "trainer.max_wait_s=0", "trainer.lr=1e-3"]

@@ -121,7 +121,7 @@ def test_matcher_tolerates_a_dropped_trailing_message_and_rewritten_tool_ids(ser
     (json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}).encode(), 400, "max_tokens"),
     (json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 5}).encode(), 400, "temperature"),
     (json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}],
-                 "tools": [{"type": "function", "function": {"name": "bad name!"}}]}).encode(), 400, "tools.0.function.name"),
+                 "tools": [{"type": "function", "function": {"name": "bad name!"}}]}).encode(), 400, "tools[0].function.name"),
     (json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 70000}]}).encode(), 413, None),
 ])
 def test_bad_input_gets_openai_errors_and_stores_nothing(server, body, status, param):

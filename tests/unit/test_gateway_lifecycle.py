@@ -181,7 +181,8 @@ def test_client_disconnect_cancels_and_stores_aborted(engine, tmp_path, stream):
 
 
 def test_429_when_the_pool_is_behind_and_nothing_accepted_is_lost(engine, tmp_path):
-    overrides = ("pool.writer_queue=3", "pool.busy_timeout_s=60")
+    # Replies that do not wait for their commit (with durable_reply they would wait for the lock).
+    overrides = ("pool.writer_queue=3", "pool.busy_timeout_s=60", "gateway.durable_reply=false")
     with live_gateway(engine, tmp_path, *overrides) as (base, pool):
         blocker = sqlite3.connect(tmp_path / POOL_FILE, isolation_level=None)
         blocker.execute("BEGIN IMMEDIATE")  # another process holds the write lock: the writer waits

@@ -149,9 +149,9 @@ def test_session_ids_from_path_and_headers(server):
     ({"model": "m", "input": "x", "conversation": "conv_1"}, "conversation"),
     ({"model": "m", "input": []}, "input"),
     ({"model": "m", "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
-     "input.0.content.0"),
-    ({"model": "m", "input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0.type"),
-    ({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}, "tools.0.type"),
+     "input[0].content[0]"),
+    ({"model": "m", "input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
+    ({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"model": "m", "input": "x", "max_output_tokens": 0}, "max_output_tokens"),
 ])
 def test_bad_requests_get_openai_errors_and_store_nothing(server, body, param):

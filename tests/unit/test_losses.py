@@ -86,3 +86,115 @@ def test_kl_k3_is_zero_at_the_reference_and_positive_elsewhere():
 def test_masked_mean_ignores_masked_and_survives_empty():
     assert masked_mean(torch.tensor([1.0, 3.0, 100.0]), torch.tensor([1.0, 1.0, 0.0])).item() == 2.0
     assert masked_mean(torch.tensor([1.0]), torch.tensor([0.0])).item() == 0.0
+
+
+# ---- the whole-vocabulary terms, the baseline, the advantage signs ---------------------------------
+from types import SimpleNamespace  # noqa: E402
+
+from clawr1.core.config import TrainerConfig  # noqa: E402
+from clawr1.trainer import losses  # noqa: E402
+from clawr1.trainer.batch import rl_advantages  # noqa: E402
+from clawr1.trainer.losses import (  # noqa: E402
+    advantage_signs,
+    ema_update,
+    entropy_band,
+    online_advantages,
+    singletons,
+    vocab_entropy,
+    vocab_kl,
+)
+
+
+def _distributions(*shape, seed=0, dtype=torch.float64):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.log_softmax(torch.randn(*shape, generator=generator, dtype=dtype) * 2, dim=-1)
+
+
+def test_vocab_kl_and_entropy_are_the_sums_over_the_vocabulary():
+    p = torch.tensor([[0.5, 0.25, 0.25], [0.9, 0.05, 0.05]], dtype=torch.float64)
+    q = torch.tensor([[0.25, 0.25, 0.5], [1 / 3, 1 / 3, 1 / 3]], dtype=torch.float64)
+    kl = vocab_kl(p.log(), q.log())
+    assert kl[0].item() == pytest.approx(0.5 * math.log(2) + 0 + 0.25 * math.log(0.5))
+    assert kl[1].item() == pytest.approx(sum(pi * math.log(pi * 3) for pi in (0.9, 0.05, 0.05)))
+    assert vocab_kl(p.log(), p.log()).tolist() == pytest.approx([0.0, 0.0])
+    entropy = vocab_entropy(p.log())
+    assert entropy[0].item() == pytest.approx(-(0.5 * math.log(0.5) + 2 * 0.25 * math.log(0.25)))
+    assert vocab_entropy(torch.full((1, 7), -math.log(7.0), dtype=torch.float64)).item() == pytest.approx(math.log(7))
+
+
+def test_vocab_terms_have_exact_gradients_in_every_shape_and_chunking(monkeypatch):
+    logits = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
+    reference = _distributions(2, 3, 5, seed=1).requires_grad_()
+    for chunk in (losses.CHUNK_ELEMENTS, 5, 10):  # one chunk; one position a chunk; two
+        monkeypatch.setattr(losses, "CHUNK_ELEMENTS", chunk)
+        assert torch.autograd.gradcheck(lambda x, r: vocab_kl(torch.log_softmax(x, -1), r), (logits, reference))
+        assert torch.autograd.gradcheck(lambda x: vocab_entropy(torch.log_softmax(x, -1)), (logits,))
+    # In logits the familiar forms: dKL/dx = p (log p - log q - KL), dH/dx = -p (log p + H).
+    logp = torch.log_softmax(logits, -1)
+    kl, h = vocab_kl(logp, reference.detach()), vocab_entropy(logp)
+    (grad_kl,) = torch.autograd.grad(kl.sum(), logits, retain_graph=True)
+    (grad_h,) = torch.autograd.grad(h.sum(), logits)
+    p = logp.exp().detach()
+    assert torch.allclose(grad_kl, p * (logp.detach() - reference.detach() - kl.detach()[..., None]))
+    assert torch.allclose(grad_h, -p * (logp.detach() + h.detach()[..., None]))
+
+
+def test_vocab_kl_matches_the_naive_formula_in_float32_on_a_real_vocabulary(monkeypatch):
+    monkeypatch.setattr(losses, "CHUNK_ELEMENTS", 3 * 49152)  # 3 positions a chunk: 4 chunks of 10 rows
+    logp, ref = _distributions(2, 5, 49152, dtype=torch.float32), _distributions(2, 5, 49152, seed=1,
+                                                                                  dtype=torch.float32)
+    naive = (logp.exp() * (logp - ref)).sum(-1)
+    assert torch.allclose(vocab_kl(logp, ref), naive, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(vocab_entropy(logp), -(logp.exp() * logp).sum(-1), rtol=1e-5, atol=1e-6)
+
+
+def test_entropy_band_is_zero_inside_and_linear_outside():
+    band = [entropy_band(torch.tensor(h), 1.0, 3.0).item() for h in (0.25, 1.0, 2.0, 3.0, 4.5)]
+    assert band == pytest.approx([0.75, 0.0, 0.0, 0.0, 1.5])
+    h = torch.tensor(0.5, requires_grad=True)
+    entropy_band(h, 1.0, 3.0).backward()
+    assert h.grad.item() == -1.0  # below the floor: descending the penalty raises the entropy
+
+
+def test_a_singleton_is_judged_against_the_baseline_and_negatives_are_scaled():
+    rewards = torch.tensor([1.0, -1.0, -1.0, 1.0, -1.0])
+    groups = ["a", "a", "b", "c", "d"]
+    assert singletons(groups).tolist() == [False, False, True, True, True]
+    out = online_advantages(rewards, groups, baseline=-0.5, negative_weight=0.25)
+    # group a: GRPO, as before; b, d: (-1 + 0.5) * 0.25; c: 1 + 0.5
+    assert out[:2].tolist() == pytest.approx(grpo_normalise(rewards[:2], ["a", "a"]).tolist())
+    assert out[2:].tolist() == pytest.approx([-0.125, 1.5, -0.125])
+    assert online_advantages(rewards, groups, 0.0, 1.0).tolist() == grpo_normalise(rewards, groups).tolist()
+
+
+def test_ema_update_in_order():
+    assert ema_update(0.0, torch.tensor([1.0, -1.0]), decay=0.5) == pytest.approx(-0.25)  # 0 -> 0.5 -> -0.25
+    assert ema_update(0.3, torch.tensor([]), decay=0.9) == 0.3
+
+
+def test_batch_advantages_use_the_baseline_from_before_the_batch_then_update_it():
+    def sample(reward, prompt):
+        return SimpleNamespace(reward=reward, step=SimpleNamespace(prompt_id=prompt))
+
+    batch = [sample(-1.0, "p1"), sample(None, "p2"), sample(1.0, "p3"), sample(1.0, "g"), sample(-1.0, "g")]
+    config = TrainerConfig(baseline="ema", baseline_decay=0.5, negative_weight=0.5)
+    advantage, baseline = rl_advantages(batch, config, baseline=-0.5)
+    # p1: (-1 + 0.5) * 0.5; p2: no reward, no signal; p3: 1 + 0.5; the group: +-1 (GRPO)
+    assert advantage.tolist() == pytest.approx([-0.25, 0.0, 1.5, 1.0, -1.0], abs=1e-5)
+    assert baseline == pytest.approx(0.5 * (0.5 * -0.5 + 0.5 * -1.0) + 0.5 * 1.0)  # p1 then p3; not the group
+    plain, same = rl_advantages(batch, TrainerConfig(), baseline=-0.5)
+    assert plain.tolist() == pytest.approx([-1.0, 0.0, 1.0, 1.0, -1.0], abs=1e-5) and same == -0.5
+
+
+def test_advantage_signs_count_the_masked_tokens():
+    advantage = torch.tensor([[0.5, -1.0, 0.0], [2.0, 0.0, -3.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [0.0, 1.0, 1.0]])
+    assert advantage_signs(advantage, mask) == {"adv_pos": 1.0, "adv_neg": 2.0, "adv_zero": 2.0}
+
+
+def test_sampler_kl_is_k3_with_the_roles_swapped():
+    behaviour = torch.log(torch.tensor([0.5, 0.2]))
+    learner = torch.log(torch.tensor([0.4, 0.3]))
+    r = learner.exp() / behaviour.exp()  # pi_learner / pi_sampler on tokens the sampler drew
+    expected = (r - 1 - r.log()).mean().item()
+    assert kl_to_reference(behaviour, learner, torch.ones(2)).item() == pytest.approx(expected)

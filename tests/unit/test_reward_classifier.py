@@ -72,3 +72,23 @@ def test_behind_rules_a_tool_error_gets_its_error_line_as_hint(classifier):
     judgement = run(RuleFirstJudge(classifier).judge(CONTEXT, REPLY, [tool], 3, True))
     assert judgement.source == "rule" and judgement.score == -1
     assert judgement.hint == TOOL_PREFIX + "KeyError: 'price'"
+
+
+@needs_minilm
+def test_complaints_about_non_answers_and_the_new_preferences_are_failures(classifier):
+    """The simulated users' exact words (in neither labelled set) for a reply that does not answer,
+    and their corrections for the preferences the default demo lacks, are judged -1 with a hint
+    when they point back at the question."""
+    from clawr1.demo.preferences import PREFERENCES
+    from clawr1.demo.questions import HELD_OUT, QUESTIONS, asked
+    from clawr1.demo.users import NON_ANSWER
+
+    said = {p.format(asked=asked(q)) for ps in NON_ANSWER.values() for p in ps for q in (QUESTIONS[0], HELD_OUT[0])}
+    said |= {c.format(name="Anna") for name in ("no-exclamation", "no-first-person", "by-name")
+             for c in PREFERENCES[name].corrections}
+    assert len(said) >= 20
+    for text in sorted(said):
+        judgement = run(classifier.judge(CONTEXT, REPLY, user(text), 3, True))
+        assert judgement.score == -1, (text, judgement.evidence)
+    pointed = run(classifier.judge(CONTEXT, REPLY, user("Sorry, what do you mean? I asked about making tea."), 3, True))
+    assert pointed.hint == "I asked about making tea."

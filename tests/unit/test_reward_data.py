@@ -30,3 +30,12 @@ def test_training_and_evaluation_sets_are_disjoint():
     assert not {i.id for i in train} & {i.id for i in evaluation}
     assert not texts(train) & texts(evaluation)
     assert not tasks(train) & tasks(evaluation)
+
+
+def test_both_sets_hold_complaints_about_replies_that_do_not_answer():
+    """Short nonsense, echoed prompts and off-topic replies, each met with a complaint: -1."""
+    for name, prefix in (("train", "tr-na-"), ("next_states", "na-")):
+        complaints = [i for i in load_items(name) if i.id.startswith(prefix)]
+        assert len(complaints) >= 8 and all(i.label == -1 and i.category == "retry" for i in complaints)
+        assert any(len(i.reply.split()) < 5 for i in complaints)  # "You're right."
+        assert any("personal assistant" in i.reply for i in complaints)  # the system prompt, echoed

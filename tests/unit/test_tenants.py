@@ -20,7 +20,7 @@ from tests.gateway_helpers import live_gateway, steps_of, wait_for
 ACME, GLOBEX, ADMIN = "sk-acme-0001", "sk-globex-0001", "admin-key-0123456789"
 OVERRIDES = [f'tenants.keys={{acme = ["{ACME}"], globex = ["{GLOBEX}"]}}', "tenants.adapter_per_tenant=true",
              f'gateway.admin_key="{ADMIN}"', "gateway.adapter_poll_s=0.05", "trainer.batch_size=1",
-             "trainer.max_wait_s=0", "trainer.lr=0.01"]
+             "trainer.max_wait_s=0", "trainer.lr=0.01", "guard.enabled=false"]  # test_guard.py: the guard
 FIRST = [{"role": "user", "content": "Hello, who are you?"}]
 
 

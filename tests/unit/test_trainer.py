@@ -14,24 +14,31 @@ from clawr1.trainer.loop import Trainer
 from clawr1.trainer.policy import ADAPTER
 
 
+def step_of(i: int, messages, gen) -> Step:
+    return Step(step_id=f"st-{i}", tenant="default", session_id=f"s{i}", prompt_id=f"s{i}", turn_index=0,
+                turn_type="main", messages=messages, tools=None, prompt_ids=gen.prompt_ids,
+                token_ids=gen.token_ids, logprobs=gen.logprobs, text=gen.text, policy_version=0, adapter=None,
+                finish_reason=gen.finish_reason, temperature=gen.temperature)
+
+
+def add(pool: SQLitePool, generations, i: int, hints: bool = True) -> str:
+    """Sample i of `generations`, rewarded +1 (even i) or -1 (odd), with a hint every third."""
+    step = step_of(i, *generations[i])
+    pool.append_step(step)
+    pool.add_reward(Reward(step_id=step.step_id, score=1.0 if i % 2 == 0 else -1.0, source="test"))
+    if hints and i % 3 == 0:
+        pool.add_hint(Hint(step_id=step.step_id, text="Answer in one short sentence.", source="judge"))
+    return step.step_id
+
+
 def fill(pool: SQLitePool, generations, hints: bool = True) -> list[str]:
-    ids = []
-    for i, (messages, gen) in enumerate(generations):
-        step = Step(step_id=f"st-{i}", tenant="default", session_id=f"s{i}", prompt_id=f"s{i}", turn_index=0,
-                    turn_type="main", messages=messages, tools=None, prompt_ids=gen.prompt_ids,
-                    token_ids=gen.token_ids, logprobs=gen.logprobs, text=gen.text, policy_version=0, adapter=None,
-                    finish_reason=gen.finish_reason, temperature=gen.temperature)
-        pool.append_step(step)
-        pool.add_reward(Reward(step_id=step.step_id, score=1.0 if i % 2 == 0 else -1.0, source="test"))
-        if hints and i % 3 == 0:
-            pool.add_hint(Hint(step_id=step.step_id, text="Answer in one short sentence.", source="judge"))
-        ids.append(step.step_id)
-    return ids
+    return [add(pool, generations, i, hints) for i in range(len(generations))]
 
 
 def config_for(tiny_model_dir, data_dir, *extra):
     return load_config(None, [f'data_dir="{data_dir}"', f'engine.model="{tiny_model_dir}"', "trainer.batch_size=3",
-                              "trainer.micro_batch=2", "trainer.max_wait_s=0", "trainer.lr=0.01", *extra])
+                              "trainer.micro_batch=2", "trainer.max_wait_s=0", "trainer.lr=0.01",
+                              "guard.enabled=false", *extra])  # the trainer alone (its guard side: test_guard.py)
 
 
 def test_policy_logprobs_match_the_engine_before_training(tiny_model_dir, tmp_path, generations):

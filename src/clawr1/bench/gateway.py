@@ -43,6 +43,7 @@ from clawr1.core.config import Config, load_config
 
 MODES = ("plain", "stream")
 OURS, DIRECT = "gateway", "direct"
+REPLY_FIRST = "gateway, reply before commit"  # `gateway.durable_reply = false`, measured beside (`--durable both`)
 LITELLM_KEY = "sk-clawr1-bench-" + "0" * 32  # LiteLLM refuses to start without a master key
 LITELLM_MISSING = ("LiteLLM not installed (pip install 'litellm[proxy]' in a separate venv and set "
                    "CLAWR1_LITELLM=/path/to/litellm)")
@@ -290,11 +291,13 @@ async def measure(server: Server, stream: bool, concurrency: int, requests: int,
 # ---- the run -----------------------------------------------------------------------------------------
 
 def run(config: Config, console: Console | None = None, requests: int = 2000, concurrency: tuple[int, ...] = (1, 64),
-        include_litellm: bool = True, seconds: float = 5.0) -> dict[str, Any]:
-    """Run the benchmark, print tables of results, ratios and goals, and return the numbers."""
+        include_litellm: bool = True, seconds: float = 5.0, durable_both: bool = False) -> dict[str, Any]:
+    """Run the benchmark, print tables of results, ratios and goals, and return the numbers.
+    `durable_both`: also run our gateway with `durable_reply` off, to price the commit-before-reply."""
     console = console or Console()
     with tempfile.TemporaryDirectory(prefix="clawr1-bench-gateway-") as tmp:
-        numbers = run_loop(_bench(config, console, Path(tmp), requests, tuple(concurrency), include_litellm, seconds))
+        numbers = run_loop(_bench(config, console, Path(tmp), requests, tuple(concurrency), include_litellm, seconds,
+                                  durable_both))
     _summarise(numbers)
     for table in _tables(numbers):
         console.print(table)
@@ -302,10 +305,14 @@ def run(config: Config, console: Console | None = None, requests: int = 2000, co
 
 
 async def _bench(config: Config, console: Console, workdir: Path, requests: int, concurrency: tuple[int, ...],
-                 include_litellm: bool, seconds: float) -> dict[str, Any]:
+                 include_litellm: bool, seconds: float, durable_both: bool = False) -> dict[str, Any]:
     data_dir = workdir / "data"
     config_json = workdir / "config.json"
     config_json.write_text(config.model_copy(update={"data_dir": data_dir}).model_dump_json())
+    fast_dir, fast_json = workdir / "data-reply-first", workdir / "config-reply-first.json"
+    fast = config.model_copy(update={"data_dir": fast_dir, "gateway": config.gateway.model_copy(
+        update={"durable_reply": False})})
+    fast_json.write_text(fast.model_dump_json())
     litellm = find_litellm() if include_litellm else None
     numbers: dict[str, Any] = {
         "requests": requests, "seconds": seconds, "concurrency": list(concurrency), "reply_tokens": 16,
@@ -316,7 +323,7 @@ async def _bench(config: Config, console: Console, workdir: Path, requests: int,
     cells = [(mode, c) for mode in MODES for c in concurrency]
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console, refresh_per_second=4, transient=True)
-    task = progress.add_task("starting", total=(3 + bool(litellm)) * len(cells))
+    task = progress.add_task("starting", total=(3 + bool(litellm) + durable_both) * len(cells))
 
     async def bench_target(server: Server) -> None:
         await wait_ready(server, served, 180)  # LiteLLM needs ~15 s on two cores
@@ -340,6 +347,11 @@ async def _bench(config: Config, console: Console, workdir: Path, requests: int,
                                            "--serve-config", str(config_json)], workdir,
                                     token=config.gateway.api_keys[0] if config.gateway.api_keys else None),
             }
+            if durable_both:
+                launchers[REPLY_FIRST] = lambda: start(
+                    REPLY_FIRST, [py, "-m", "clawr1.bench.gateway", "--serve-port", "{port}", "--serve-config",
+                                  str(fast_json)], workdir,
+                    token=config.gateway.api_keys[0] if config.gateway.api_keys else None)
             if litellm:
                 # A local cost map: no network fetch (and no stall) at startup.
                 launchers["litellm"] = lambda: start(
@@ -353,11 +365,13 @@ async def _bench(config: Config, console: Console, workdir: Path, requests: int,
                     await bench_target(server)
                 finally:
                     code = server.stop()
-                if name == OURS and code != 0:
+                if name in (OURS, REPLY_FIRST) and code != 0:
                     raise RuntimeError(f"the gateway exited with {code}:\n{server.log_tail()}")
         finally:
             backend.stop()
     numbers["recording"] = _recorded(config, data_dir, served[OURS])
+    if durable_both:
+        numbers["recording_reply_first"] = _recorded(fast, fast_dir, served[REPLY_FIRST])
     return numbers
 
 
@@ -401,6 +415,9 @@ def _summarise(numbers: dict[str, Any]) -> None:
     numbers["ratios"] = ratios
     one, many = str(numbers["concurrency"][0]), str(numbers["concurrency"][-1])
     plain = targets[OURS]["plain"]
+    if REPLY_FIRST in targets:  # what committing before the reply costs, from the same run
+        numbers["durable_cost_ms"] = {mode: {c: targets[OURS][mode][c]["p50_ms"] - targets[REPLY_FIRST][mode][c]["p50_ms"]
+                                             for c in cells} for mode, cells in targets[OURS].items()}
     numbers["goals"] = {
         f"added_p50_ms_at_{one}": _goal(plain[one].get("added_p50_ms"), GOAL_ADDED_P50_MS, below=True),
         f"added_p99_ms_at_{one}": _goal(plain[one].get("added_p99_ms"), GOAL_ADDED_P99_MS, below=True),
@@ -459,6 +476,14 @@ def _tables(numbers: dict[str, Any]) -> list[Table]:
                       _fmt(goal["limit"]) if isinstance(goal["limit"], float) else str(goal["limit"]),
                       "[green]yes[/green]" if goal["ok"] else "[red]no[/red]")
     tables.append(goals)
+    if "durable_cost_ms" in numbers:
+        cost = Table(title="gateway.durable_reply: p50 with the commit before the reply minus p50 without (ms)")
+        cost.add_column("mode")
+        for c in conc:
+            cost.add_column(f"@{c}", justify="right")
+        for mode, cells in numbers["durable_cost_ms"].items():
+            cost.add_row(mode, *[_fmt(cells[c]) for c in conc])
+        tables.append(cost)
     return tables
 
 
@@ -469,11 +494,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--no-litellm", action="store_true")
+    parser.add_argument("--durable", choices=("config", "both"), default="config")
     args = parser.parse_args(argv)
     if args.serve_port is not None:
         serve_gateway(args.serve_config, args.serve_port)
     else:
-        run(load_config(), requests=args.requests, seconds=args.seconds, include_litellm=not args.no_litellm)
+        run(load_config(), requests=args.requests, seconds=args.seconds, include_litellm=not args.no_litellm,
+            durable_both=args.durable == "both")
 
 
 if __name__ == "__main__":

@@ -101,23 +101,33 @@ class Poller:
 
 
 def run(config: Config, console: Console | None = None, repeats: int = 3, batch_size: int = 2,
-        timeout_s: float = 300.0, poll_pause_s: float = 0.1) -> dict[str, Any]:
+        timeout_s: float = 300.0, poll_pause_s: float = 0.1, guard_both: bool = True) -> dict[str, Any]:
     """Run `repeats` corrections against `clawr1 up` on `config.engine.model` in a temporary data dir,
-    print each latency, the median and where the time went, and return the numbers."""
+    print each latency, the median and where the time went, and return the numbers. `guard_both`:
+    also without the guard, in the same run, so what the guard adds is measured side by side."""
     console = console or Console()
     model_path = resolve_model(config.engine.model, config.data_dir)  # converts the embedded model once
-    with tempfile.TemporaryDirectory(prefix="clawr1-bench-latency-") as tmp:
-        reps = asyncio.run(_bench(config, model_path, Path(tmp), console, repeats, batch_size, timeout_s,
-                                  poll_pause_s))
-    latencies = [r["latency_s"] for r in reps]
-    median = statistics.median(latencies)
-    numbers: dict[str, Any] = {
-        "model": config.engine.model, "cpus": os.cpu_count(), "batch_size": batch_size,
-        "method": config.trainer.method, "adapter_poll_s": config.gateway.adapter_poll_s,
-        "trainer_poll_s": config.trainer.poll_s, "repeats": reps, "median_s": median,
-        "goal": {"value": median, "limit": GOAL_MEDIAN_S, "ok": median <= GOAL_MEDIAN_S},
-    }
-    console.print(table(numbers))
+    settings = [config.guard.enabled] + ([not config.guard.enabled] if guard_both else [])
+    numbers: dict[str, Any] = {}
+    for guarded in settings:
+        setting = config.model_copy(update={"guard": config.guard.model_copy(update={"enabled": guarded})})
+        with tempfile.TemporaryDirectory(prefix="clawr1-bench-latency-") as tmp:
+            reps = asyncio.run(_bench(setting, model_path, Path(tmp), console, repeats, batch_size, timeout_s,
+                                      poll_pause_s))
+        median = statistics.median([r["latency_s"] for r in reps])
+        cell: dict[str, Any] = {
+            "model": config.engine.model, "cpus": os.cpu_count(), "batch_size": batch_size, "guard": guarded,
+            "method": config.trainer.method, "adapter_poll_s": config.gateway.adapter_poll_s,
+            "trainer_poll_s": config.trainer.poll_s, "repeats": reps, "median_s": median,
+            "goal": {"value": median, "limit": GOAL_MEDIAN_S, "ok": median <= GOAL_MEDIAN_S},
+        }
+        console.print(table(cell))
+        numbers["guard" if guarded else "no_guard"] = cell
+    if len(numbers) == 2:
+        added = numbers["guard"]["median_s"] - numbers["no_guard"]["median_s"]
+        numbers["guard_adds_s"] = added
+        console.print(f"the guard adds {added:+.1f} s to the median feedback-to-serving latency "
+                      f"({numbers['no_guard']['median_s']:.1f} -> {numbers['guard']['median_s']:.1f} s)")
     return numbers
 
 
@@ -185,7 +195,8 @@ async def _one(server: Server, http: httpx.AsyncClient, poller: Poller, data: Pa
     served_at = await _until(server, lambda: poller.first(version, t0), deadline, f"v{version} to be served")
     published_at = (adapters.version_dir(data / "adapters", "policy", version) / adapters.MARKER).stat().st_mtime
     loaded_at = min((when for v, when in poller.loaded.items() if v >= version), default=None)
-    parts = {key: float(trained[key]) for key in ("prepare_s", "train_s", "publish_s", "total_s") if key in trained}
+    parts = {key: float(trained[key]) for key in ("prepare_s", "train_s", "publish_s", "verdict_s", "total_s")
+             if key in trained}
     return {"latency_s": served_at - t0, "version_at_correction": version_at, "trained_version": version,
             "lease_size": trained.get("lease"), "ready_s": lease["ready_at"] - t0,
             "pickup_s": lease["created_at"] - lease["ready_at"], "train_step_s": published_at - lease["created_at"],
@@ -286,6 +297,7 @@ def _fmt(value: Any, digits: int = 2) -> str:
 ROWS = (("feedback stored (READY)", "ready_s", 0), ("trainer picks it up", "pickup_s", 0),
         ("lease -> published", "train_step_s", 0), ("prepare", "prepare_s", 1), ("train", "train_s", 1),
         ("publish", "publish_s", 1), ("published -> first reply", "to_serving_s", 0),
+        ("the guard's probes and verdict", "verdict_s", 1),
         ("gateway poll + engine load", "swap_in_s", 1), ("first reply on it", "first_reply_s", 1))
 
 
@@ -293,7 +305,8 @@ def table(numbers: dict[str, Any]) -> Table:
     """One column per correction and the median (narrow enough for an 80-column terminal)."""
     reps = numbers["repeats"]
     out = Table(title=f"Feedback to serving, seconds: {numbers['model']} under `clawr1 up` (method "
-                      f"{numbers['method']}, batch {numbers['batch_size']}, max_wait 0), {numbers['cpus']} CPUs")
+                      f"{numbers['method']}, batch {numbers['batch_size']}, max_wait 0, guard "
+                      f"{'on' if numbers['guard'] else 'off'}), {numbers['cpus']} CPUs")
     out.add_column("")
     for i in range(1, len(reps) + 1):
         out.add_column(f"#{i}", justify="right")

@@ -178,6 +178,9 @@ def run(config: Config, console: Console | None = None, clients: int = 4, max_to
             "data_dir": workdir / "data",
             "engine": config.engine.model_copy(update={"model": str(model_path)}),
             "gateway": config.gateway.model_copy(update={"adapter_poll_s": poll_s}),
+            # The swap itself: every published version is served at once (the guard's probing is
+            # priced by `clawr1 bench latency`, which runs `clawr1 up` as a user does).
+            "guard": config.guard.model_copy(update={"enabled": False}),
         })
         with console.status("hot-swap benchmark: starting the gateway ..."):
             calls, swap_list, phases = run_loop(_bench(served, model_path, workdir, clients, max_tokens, steady_s,

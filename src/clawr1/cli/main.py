@@ -17,6 +17,7 @@ from rich.table import Table
 
 from clawr1.cli import export as export_cli
 from clawr1.cli import openclaw as openclaw_cli
+from clawr1.cli import versions as versions_cli
 from clawr1.core.config import Config, load_config, to_toml
 from clawr1.core.types import EngineError, SamplingParams
 
@@ -161,7 +162,7 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
     import subprocess
     import tempfile
 
-    from clawr1.gateway.app import Gateway
+    from clawr1.gateway.service import Gateway
     from clawr1.gateway.server import UnsafeBindError, check_exposure, serve
     from clawr1.reward.worker import RewardWorker
 
@@ -254,10 +255,9 @@ def _interrupt(signum: int, frame: Any) -> None:
 def cmd_demo(args: argparse.Namespace, config: Config) -> int:
     from clawr1.demo.run import DemoSettings, run_demo
 
+    # Only what the user set: trainer settings the demo is not told stay the product's defaults.
     fields = {k: getattr(args, k) for k in DemoSettings.model_fields if getattr(args, k, None) is not None}
     fields["method"] = config.trainer.method
-    if args.batch_size is None:
-        fields.pop("batch_size", None)
     settings = DemoSettings(**fields)
     if args.plot:
         from clawr1.demo.plot import plot_runs
@@ -275,24 +275,36 @@ def cmd_eval(args: argparse.Namespace, config: Config) -> int:
     from openai import AsyncOpenAI
 
     from clawr1.demo.evaluate import evaluate
-    from clawr1.demo.users import HELD_OUT, PREFERENCES, make_users
+    from clawr1.demo.preferences import parse_preferences
+    from clawr1.demo.report import rate
+    from clawr1.demo.users import HELD_OUT, make_users
 
     base = args.base_url or f"http://{config.gateway.host}:{config.gateway.port}"
     key = args.api_key or (config.gateway.api_keys[0] if config.gateway.api_keys else "none")
+    preferences = parse_preferences(args.preferences)
 
     async def measure():  # the client closes inside the loop that opened its connections
         async with AsyncOpenAI(base_url=f"{base.rstrip('/')}/v1", api_key=key, max_retries=0, timeout=600) as client:
-            return await evaluate(client, make_users(len(PREFERENCES), args.seed + 7919), max_tokens=args.max_tokens,
-                                  temperature=args.temperature, seed=args.seed, questions=HELD_OUT)
+            return await evaluate(client, make_users(len(preferences), args.seed + 7919, preferences),
+                                  max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
+                                  questions=HELD_OUT)
 
-    result = asyncio.run(measure())
-    table = Table("preference", "score", title=f"held-out preference score: {result.score:.2f} over {result.n} "
-                                                 f"replies (served by {', '.join(result.versions)})")
-    for name, score in result.by_preference.items():
-        table.add_row(name, f"{score:.2f}")
+    result = asyncio.run(measure()).as_dict()
+    title = (f"held-out evaluation ({', '.join(preferences)}): the served version and the base on the same "
+             "prompts and seeds")
+    table = Table("replies of", "n", "preferred and sane", "preference score", "sane rate", "relevance", "fluency",
+                  "KL", "words", title=title)
+    rows = [(f"served {v}", s) for v, s in result["by_version"].items()]
+    rows.append(("base (X-Policy-Version: 0)", result["base"]))
+    for label, s in rows:
+        table.add_row(label, str(s["n"]), rate(s["preferred_and_sane"]), rate(s["score"]), rate(s["sane_rate"]),
+                      rate(s["relevance"]), rate(s["fluency"]), rate(s["kl"]), f"{s['mean_words']:.0f}")
     console.print(table)
+    console.print("by preference (served): " + ", ".join(f"{k} {v:.2f}" for k, v in result["by_preference"].items()))
+    if result["quality_error"]:
+        console.print(f"[yellow]quality not measured:[/yellow] {result['quality_error']}")
     if args.json:
-        print(json.dumps(result.as_dict()))
+        print(json.dumps(result))
     return 0
 
 
@@ -402,7 +414,8 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
     elif args.what == "gateway":
         from clawr1.bench.gateway import run as run_gateway
 
-        numbers = run_gateway(config, console, requests=args.requests, include_litellm=not args.no_litellm)
+        numbers = run_gateway(config, console, requests=args.requests, include_litellm=not args.no_litellm,
+                              durable_both=args.durable == "both")
     else:  # judge, trainer, swap, latency: each module's run(config, console)
         import importlib
 
@@ -478,17 +491,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="optimizer steps (policy versions) to reach (default 16)")
     p.add_argument("--users", type=int, help="simulated users talking at once (default 9)")
     p.add_argument("--turns", type=int, help="user messages per conversation (default 3)")
-    p.add_argument("--lr", type=float, help="LoRA learning rate (default 1e-3)")
+    p.add_argument("--lr", type=float, help="LoRA learning rate (default: the product's trainer.lr)")
+    p.add_argument("--preferences", help="the users' preferences, comma-separated (default short,no-bold,no-steps; "
+                   "also no-exclamation, no-first-person, by-name)")
     p.add_argument("--max-tokens", type=int, help="reply length cap the users set (default 64)")
     p.add_argument("--temperature", type=float, help="sampling temperature the users set (default 0.7)")
     p.add_argument("--seed", type=int, help="seeds users and evaluation (default 0)")
     p.add_argument("--max-minutes", type=float, help="stop talking after this long (default 14)")
     p.add_argument("--eval-questions", type=int, help="held-out questions per preference, before and after (default 8)")
-    p.add_argument("--plot", type=Path, help="run each of --methods in turn and plot score vs steps to this PNG")
+    p.add_argument("--eval-every", type=int, help="also evaluate on held-out prompts every K versions (a curve)")
+    p.add_argument("--plot", type=Path, help="run each of --methods in turn and plot preference and quality "
+                   "per version to this PNG")
     p.add_argument("--methods", default="rl,opd,combine", help="with --plot: the methods to compare")
     p.set_defaults(fn=cmd_demo)
 
-    p = sub.add_parser("eval", help="preference score of the served version on held-out prompts (never trained)")
+    p = sub.add_parser("eval", help="preference score and reply quality of the served version and the base on "
+                       "held-out prompts (side turns: never trained)")
     _common(p)
     p.add_argument("--scenario", choices=["personal"], default="personal")
     p.add_argument("--base-url", help="the gateway (default: the config's gateway host and port)")
@@ -496,6 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--preferences", help="the users' preferences, comma-separated (default short,no-bold,no-steps)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_eval)
 
@@ -550,13 +569,18 @@ def build_parser() -> argparse.ArgumentParser:
     openclaw_cli.add_arguments(p)
     p.set_defaults(fn=openclaw_cli.cmd_openclaw_config)
 
+    versions_cli.add_arguments(sub, _common)
+
     p = sub.add_parser("bench", help="benchmarks that print side-by-side ratios")
     _common(p)
-    p.add_argument("what", choices=["engine", "pool", "gateway", "judge", "trainer", "swap", "latency", "scale"])
+    p.add_argument("what", choices=["engine", "pool", "gateway", "judge", "trainer", "swap", "latency", "scale",
+                                      "crash"])
     p.add_argument("--max-tokens", type=int, default=64, help="engine: tokens per request")
     p.add_argument("--steps", type=int, default=20_000, help="pool: steps to write")
     p.add_argument("--requests", type=int, default=2000, help="gateway: requests per measurement at 64 clients")
     p.add_argument("--no-litellm", action="store_true", help="gateway: skip the LiteLLM comparison")
+    p.add_argument("--durable", choices=["config", "both"], default="config",
+                   help="gateway: `both` also runs it with gateway.durable_reply off, to price the commit")
     p.add_argument("--json", action="store_true", help="also print the numbers as JSON")
     p.set_defaults(fn=cmd_bench)
     return parser

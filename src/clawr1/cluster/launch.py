@@ -63,7 +63,7 @@ def up_ray(config: Config, address: str | None, on_ready: Callable[[int, str], N
     from clawr1.cluster.pool import RayPool
     from clawr1.cluster.router import RouterEngine
     from clawr1.engine.models import resolve_model
-    from clawr1.gateway.app import Gateway
+    from clawr1.gateway.service import Gateway
     from clawr1.gateway.server import serve
 
     # Without an address Ray starts a local instance for this job ("local": never a cluster some

@@ -1,38 +1,66 @@
 """`RayPool`: the `DataPool` contract over the pool service actor (`actors.PoolService`), for the
-gateway, the judges and the trainer of a Ray deployment. Each call is one actor call; a step's
-write returns a future that resolves once the service has committed it, as with a local pool."""
+gateway, the judges and the trainer of a Ray deployment.
+
+The gateway calls the pool inside its async request handlers, so the two calls on its request path
+never wait for the actor: a write (`submit_step`, `submit_reward`) returns a future at once, which
+resolves once the service has committed it, as with a local pool; and `pending_writes` counts this
+client's writes still in flight, with no round trip. Every other method is one blocking actor call
+(`ray.get`): callers on an event loop run them in a thread (`asyncio.to_thread`).
+"""
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future
 from typing import Any
 
-from clawr1.core.records import Step
+from clawr1.core.records import Reward, Step
 from clawr1.datapool.base import DataPool
 
 # Every other method of the contract goes to the service as it is.
-_FORWARDED = ("close_session", "open_session", "close_idle", "add_feedback", "add_hint", "mark_ready", "lease", "ack",
-              "expire_leases", "get_steps", "last_turn", "session_by_key", "ready_state", "ready_tenants", "hints",
-              "unjudged", "pending_writes", "stats", "sessions", "samples", "versions", "lease_ready_times", "show",
-              "export")
+_FORWARDED = ("close_session", "open_session", "close_idle", "add_feedback", "add_hint", "judge_failed", "mark_ready",
+              "lease", "ack", "expire_leases", "get_steps", "last_turn", "session_by_key", "ready_state",
+              "ready_tenants", "hints", "unjudged", "stats", "sessions", "samples", "versions", "lease_ready_times",
+              "show", "export", "hold_out", "record_version", "policy_versions", "check_writable")
 
 
 class _RayPoolBase(DataPool):
     def __init__(self, actor: Any):
         self.actor = actor
+        self._in_flight = 0  # writes submitted and not yet answered (see `pending_writes`)
+        self._lock = threading.Lock()  # futures resolve on Ray's threads
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         import ray
 
         return ray.get(self.actor.call.remote(method, args, kwargs))
 
+    def _track(self, ref: Any) -> Future:
+        """The write's future (it resolves when the service answers), counted until then."""
+        with self._lock:
+            self._in_flight += 1
+        future = ref.future()
+        future.add_done_callback(self._answered)
+        return future
+
+    def _answered(self, _: Future) -> None:
+        with self._lock:
+            self._in_flight -= 1
+
     def submit_step(self, step: Step) -> Future[bool]:
         if not isinstance(step, Step):
             raise TypeError(f"expected a Step, got {type(step).__name__}")
-        return self.actor.append_step.remote(step).future()
+        return self._track(self.actor.append_step.remote(step))
 
-    def submit_reward(self, reward: Any) -> Future[None]:
-        return self.actor.call.remote("add_reward", (reward,), {}).future()
+    def submit_reward(self, reward: Reward) -> Future[None]:
+        if not isinstance(reward, Reward):
+            raise TypeError(f"expected a Reward, got {type(reward).__name__}")
+        return self._track(self.actor.call.remote("add_reward", (reward,), {}))
+
+    def pending_writes(self) -> int:
+        """This client's writes not yet answered by the service: those queued in it for this gateway
+        and those on their way (other clients' writes are theirs to count). Local: no round trip."""
+        return self._in_flight
 
     def close(self) -> None:
         """The service outlives its clients: closing a client closes nothing."""

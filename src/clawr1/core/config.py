@@ -137,6 +137,16 @@ class GatewayConfig(_Section):
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, le=1024**3)
     """Largest accepted request body; larger gets 413."""
 
+    max_json_depth: int = Field(64, ge=4, le=512)
+    """Deepest nesting of arrays and objects a request body may have, checked before it is parsed
+    (deeper is a 400): Python's JSON parser recurses once per level."""
+
+    durable_reply: bool = False
+    """Commit each step before the reply's last byte (a plain reply's body, a stream's last events
+    and `[DONE]`), so a crash never loses a step whose reply the client saw; a failed commit is a
+    503 and nothing is acknowledged. Off: the step is committed just after the reply went out
+    (`clawr1 bench gateway --durable both` measures the difference)."""
+
     max_pending: int = Field(256, ge=1, le=100_000)
     """Requests being served or recorded at once; beyond it new requests get 429, so a slow pool
     never makes the gateway lose data silently."""
@@ -193,6 +203,16 @@ class RewardConfig(_Section):
     poll_s: float = Field(0.5, gt=0, le=60)
     """How often the reward worker looks for turns whose next state has arrived."""
 
+    max_judge_attempts: int = Field(3, ge=1, le=100)
+    """Judging attempts per turn before the worker gives up on it. Each failed attempt (a judge
+    server error, a crash in a rule) is recorded on the turn's sample with its error; the give-up
+    too, with the last error as its reason (`clawr1 pool show STEP`, the dashboard's session page),
+    and the turn is not judged again. Explicit feedback or a session outcome can still reward it."""
+
+    judge_retry_s: float = Field(30.0, gt=0, le=3600)
+    """Wait before a turn whose judging failed is tried again, doubled after each failure (30 s,
+    60 s, ...): a judge outage shorter than the waits together gives up on no turn."""
+
     step_weight: float = Field(0.0, ge=0.0, le=1.0)
     """Step-wise rewards for long tasks: when a session closes with an outcome, each earlier main
     turn the judge scored trains with (1 - w) * judge + w * outcome (explicit feedback still
@@ -218,11 +238,25 @@ class TrainerConfig(_Section):
     """Samples per forward/backward pass (gradients accumulate); bounds peak memory."""
 
     max_wait_s: float = Field(5.0, ge=0, le=3600)
-    """Train on a partial batch once the oldest READY sample waited this long (fresh feedback
-    should not wait for 15 more)."""
+    """The longest fresh feedback waits for a version. Without `min_samples`: train on a partial
+    batch once the oldest READY sample waited this long (fresh feedback should not wait for 15
+    more). With it: the longest a version accumulates samples, counted from its first lease; then
+    it steps on what it has, however few."""
+
+    min_samples: int | None = Field(None, ge=1, le=4096)
+    """The fewest samples a version trains on (at most `batch_size`). Set, the trainer leases
+    whatever is READY as it arrives, runs forward/backward on it at once and keeps the gradients,
+    and takes the optimizer step (one version) only when `min_samples` samples are in or
+    `max_wait_s` has passed (or half of `pool.lease_seconds`, so no lease expires while it waits);
+    every lease of the version is acknowledged after its checkpoint. Unset: one lease per version,
+    taken once `batch_size` samples are READY or the oldest waited `max_wait_s`."""
 
     lr: float = Field(2e-4, gt=0, le=1)
-    """AdamW learning rate."""
+    """AdamW learning rate (after the warmup)."""
+
+    warmup_steps: int = Field(0, ge=0, le=1_000_000)
+    """Learning-rate schedule: linear warmup over this many optimizer steps (step n uses
+    lr * n / warmup_steps, n = 1, 2, ...), then constant. 0: constant from the first step."""
 
     weight_decay: float = Field(0.0, ge=0, le=1)
     """AdamW weight decay."""
@@ -250,11 +284,49 @@ class TrainerConfig(_Section):
     kl_coef: float = Field(0.0, ge=0, le=10)
     """Weight of a KL penalty to the base model (free with LoRA: the adapter switched off)."""
 
+    kl_estimator: Literal["k3", "full"] = "k3"
+    """How the KL penalty is measured at each reply position: `k3`, Schulman's estimator on the
+    sampled token only (sees only where the samples went); `full`, the exact KL(policy || base)
+    over the whole vocabulary, which also holds the probability the policy moves off the sampled
+    tokens near where the base had it (a trust region that holds under mostly negative rewards).
+    Either way the full KL is logged every step (`kl_base`)."""
+
+    entropy_coef: float = Field(0.0, ge=0, le=10)
+    """Weight of the entropy band: a penalty relu(entropy_min - H) + relu(H - entropy_max) on the
+    policy's mean per-token entropy H over a micro-batch's reply positions (nats, whole vocabulary).
+    Zero inside the band: a floor stops collapse onto one reply, a ceiling stops word salad, and
+    neither pushes the policy while it is in between. 0: off (H is logged every step anyway)."""
+
+    entropy_min: float = Field(0.0, ge=0, le=20)
+    """Lower edge of the entropy band (nats per token); 0: no floor."""
+
+    entropy_max: float = Field(20.0, ge=0, le=20)
+    """Upper edge of the entropy band (nats per token); 20 (above ln of any vocabulary): no ceiling."""
+
+    baseline: Literal["none", "ema"] = "none"
+    """Baseline for samples alone in their group (online traffic): `ema`, the advantage of a reward
+    r is r - b, b an exponential moving average of the earlier online rewards (`baseline_decay`,
+    starting at 0, kept in the checkpoint), so a stream of mostly -1 stops pushing every sampled
+    token down; `none`, the raw reward. GRPO groups (2+ samples of one prompt) are normalised
+    within the group either way."""
+
+    baseline_decay: float = Field(0.9, ge=0, lt=1)
+    """EMA decay of the reward baseline per rewarded online sample (0.9: about the last 10)."""
+
+    negative_weight: float = Field(1.0, ge=0, le=10)
+    """Scale of the negative advantages of online (singleton) samples, after the baseline: below 1,
+    "less of this" counts less than "more of this", which says where probability should go."""
+
     opd_clip: float = Field(2.0, gt=0, le=100)
     """OPD advantage bound: teacher - behaviour logprob per token is clipped to [-opd_clip, opd_clip]."""
 
-    teacher: Literal["policy", "base"] = "policy"
-    """OPD teacher: the current policy or the base model, each with the hint in its context."""
+    teacher: Literal["policy", "base", "ema"] = "policy"
+    """OPD teacher, with the hint in its context: `policy`, the current policy (drifts with it);
+    `base`, the base model; `ema`, an exponential moving average of the trained weights
+    (`ema_decay`), kept in the checkpoint: it improves with the policy but lags its excursions."""
+
+    ema_decay: float = Field(0.99, ge=0, lt=1)
+    """teacher = "ema": after each optimizer step, ema <- decay * ema + (1 - decay) * weights."""
 
     w_opd: float = Field(1.0, ge=0, le=100)
     """combine: weight of the per-token OPD advantage."""
@@ -271,9 +343,60 @@ class TrainerConfig(_Section):
     poll_s: float = Field(0.5, gt=0, le=60)
     """How often an idle trainer looks for READY samples."""
 
+    keep_versions: int = Field(8, ge=1, le=100_000)
+    """Published versions kept on disk: the newest this many, plus the served (promoted), a pinned
+    and a rollback target; older ones are removed after each publish (marker first)."""
+
     wandb_project: str | None = Field(None, min_length=1, max_length=128)
     """Also log each version's metrics to this Weights & Biases project (needs `pip install wandb`
     and `wandb login`, or `WANDB_MODE=offline`); unset: the JSONL log and TensorBoard only."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> TrainerConfig:
+        if self.min_samples is not None and self.min_samples > self.batch_size:
+            raise ValueError(f"trainer.min_samples ({self.min_samples}) must not exceed trainer.batch_size "
+                             f"({self.batch_size}): a version trains on at most batch_size samples")
+        if self.entropy_min > self.entropy_max:
+            raise ValueError("trainer.entropy_min must not exceed trainer.entropy_max")
+        return self
+
+
+class GuardConfig(_Section):
+    enabled: bool = True
+    """Every new LoRA version is a candidate: the gateway asks it the probe requests (held out from
+    recent traffic, as side turns), measures the replies' quality and drift against the base model's
+    and the incumbent's on the same requests and seeds, and serves it only when it is not worse
+    beyond the bounds below; a rejected version is never served and the trainer rolls back to the
+    incumbent. Off: every published version is served at once (as before the guard)."""
+
+    probes: int = Field(12, ge=8, le=256)
+    """Held-out requests a candidate answers (at least 8: the base's normal range needs them)."""
+
+    probe_max_tokens: int = Field(64, ge=8, le=4096)
+    """Reply length cap of a probe (the traffic's own cap when that is smaller)."""
+
+    fallback_after_s: float = Field(60.0, ge=0, le=86_400)
+    """When a candidate has waited this long and too little traffic was held out for a probe set,
+    the set is filled up with built-in everyday requests (in the context of the traffic's system
+    prompt), so a quiet deployment still learns; the verdict says how many probes were traffic."""
+
+    refresh_versions: int = Field(8, ge=1, le=10_000)
+    """A new probe set (and base calibration) is drawn from recent traffic every this many versions."""
+
+    sane_bound: float = Field(0.1, ge=0, le=1)
+    """Reject when the candidate's share of sane probe replies is lower than the incumbent's by more
+    than this (paired: same requests, same seeds)."""
+
+    base_bound: float = Field(0.1, ge=0, le=1)
+    """Reject when it is lower than the base model's own share by more than this."""
+
+    max_kl: float = Field(1.0, gt=0, le=100)
+    """Reject when the mean per-token KL of the candidate's probe replies from the base model is
+    above this (nats per token)."""
+
+    decision_timeout_s: float = Field(300.0, gt=0, le=86_400)
+    """How long the trainer waits for the verdict on a version it published before training on
+    (with no gateway running, nothing decides)."""
 
 
 class EnvsConfig(_Section):
@@ -380,6 +503,9 @@ class Config(_Section):
 
     tenants: TenantsConfig = Field(default_factory=TenantsConfig)
     """Tenants: whose keys are whose, and whether each tenant trains its own adapter."""
+
+    guard: GuardConfig = Field(default_factory=GuardConfig)
+    """The guard between the trainer and the users: probe sets, bounds, the trainer's wait."""
 
     ray: RayConfig = Field(default_factory=RayConfig)
     """The Ray deployment (`clawr1 up --ray`): engine replicas, judge workers, actor names."""

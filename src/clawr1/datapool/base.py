@@ -156,6 +156,35 @@ class DataPool(ABC):
         """Record a textual hint for a step (its sample's state is unchanged; see `mark_ready`)."""
 
     @abstractmethod
+    def judge_failed(self, step_id: str, error: str, max_attempts: int, retry_s: float) -> bool:
+        """Record a failed judging attempt of a main turn, with its error. The turn is judged again
+        no sooner than `retry_s * 2**(attempts - 1)` seconds later; the `max_attempts`-th failure
+        gives up on it (the sample keeps `judge_gave_up_at` and the last error as the reason) and
+        `unjudged` never returns it again. Feedback and outcomes still apply to it.
+
+        Returns:
+            True if this failure gave up on the turn.
+        Raises:
+            UnknownStepError: no main turn with that step id.
+        """
+
+    @abstractmethod
+    def hold_out(self, tenant: str | None, n: int) -> list[str]:
+        """Take up to `n` recent main turns of `tenant` out of training (reason `probe`), one per
+        session, among those nothing has trained on yet; returns their step ids. The guard asks
+        each candidate version these requests (as side turns), so its probe set is held out."""
+
+    @abstractmethod
+    def record_version(self, adapter: str, version: int, status: str, reason: str, scores: dict[str, Any]) -> None:
+        """Append a decision about a policy version (the guard's `promoted` / `rejected`, an admin's
+        `pinned` / `rolled_back`), with why and the scores it was based on."""
+
+    @abstractmethod
+    def policy_versions(self, adapter: str | None = None) -> list[dict[str, Any]]:
+        """Every recorded decision (of one adapter or all), oldest first: `adapter`, `version`,
+        `status`, `reason`, `scores`, `decided_at`."""
+
+    @abstractmethod
     def mark_ready(self, step_id: str) -> bool:
         """Make a PENDING sample READY (e.g. a hint-only sample for distillation); False if it was
         not pending or the step is a side turn."""
@@ -210,12 +239,28 @@ class DataPool(ABC):
         """The hint each of these steps trains with (explicit feedback before the judge's)."""
 
     @abstractmethod
-    def unjudged(self, limit: int = 64) -> list[str]:
-        """Step ids of main turns whose next state has arrived and that have no reward yet."""
+    def unjudged(self, limit: int = 64, shard: tuple[int, int] = (0, 1)) -> list[str]:
+        """Step ids of main turns whose next state has arrived and that have no reward yet, of one
+        judge shard: with `shard = (i, n)`, those whose `schema.shard_key(step_id) % n == i` (n judge
+        workers share the turns, none judged twice, and a stuck shard holds up no other). Turns the
+        judge gave up on, or waiting to be retried after a failure (`judge_failed`), are left out."""
 
     def pending_writes(self) -> int:
         """Writes queued and not yet committed (the gateway sheds load before this reaches the cap)."""
         return 0
+
+    def write_error(self) -> str | None:
+        """Why the pool cannot write now: the error of the last commit if it failed (disk full, an
+        I/O error, a lock held past `busy_timeout_s`), cleared by the next commit that stores
+        something or by a successful `check_writable`. None while writes succeed. Cheap (no I/O):
+        the gateway asks on every request and answers 503 while it is set."""
+        return None
+
+    def check_writable(self) -> str | None:
+        """Try a tiny real write now (committed, so it reaches the disk); None if it succeeded,
+        which clears `write_error`, else why not. The gateway's half-open probe: it runs this (in a
+        thread, every few seconds at most) while `write_error` is set, and admits again on None."""
+        return None
 
     @abstractmethod
     def stats(self, tenant: str | None = None) -> dict[str, Any]:

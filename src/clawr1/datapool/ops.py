@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from typing import Any
 
 from clawr1.core.config import PoolConfig
 from clawr1.core.records import Hint, Lease, Reward, Sample, SessionEvent
 from clawr1.datapool.base import UnknownLeaseError, UnknownSessionError, UnknownStepError
-from clawr1.datapool.schema import INSERT_STEP, STEP_COLUMNS, dumps
+from clawr1.datapool.schema import INSERT_STEP, STEP_COLUMNS, dumps, shard_key
 
 # A batch of steps is stored with as few statements as SQLite's parameter limit allows, and what is
 # derived from them (sessions, samples, next-state links) is maintained once per batch, set-based:
@@ -31,7 +32,7 @@ _UPSERT_SESSIONS = """INSERT INTO sessions (tenant, session_id, status, created_
 ON CONFLICT (tenant, session_id) DO UPDATE SET status = 'open', closed_at = NULL, updated_at =
 CASE WHEN excluded.updated_at > sessions.updated_at THEN excluded.updated_at ELSE sessions.updated_at END"""
 _INSERT_SAMPLES = """INSERT INTO samples (step_id, tenant, session_id, turn_index, policy_version, next_step_id,
-status, weight, updated_at) VALUES {rows}"""
+updated_at, shard_key, status, weight) VALUES {rows}"""
 _RELINK = """WITH v(next_step_id, step_id) AS (VALUES {rows})
 UPDATE samples SET next_step_id = v.next_step_id FROM v WHERE samples.step_id = v.step_id"""
 # The stored main turns of a session that can neighbour new ones with turns lo..hi: those in that
@@ -139,8 +140,8 @@ def insert_steps(conn: sqlite3.Connection, rows: list[tuple]) -> list[bool]:
             for row in fresh if row[_TYPE] == "main"]
     if main:
         links, updates = _link(conn, main)
-        _with_rows(conn, _INSERT_SAMPLES, "(?, ?, ?, ?, ?, ?, 'pending', 1.0, ?)",
-                     [(*row[:5], links[row[0]], row[5]) for row in main])
+        _with_rows(conn, _INSERT_SAMPLES, "(?, ?, ?, ?, ?, ?, ?, ?, 'pending', 1.0)",
+                   [(*row[:5], links[row[0]], row[5], shard_key(row[0])) for row in main])
         _with_rows(conn, _RELINK, "(?, ?)", updates)
     return results
 
@@ -249,6 +250,22 @@ def mark_ready(conn: sqlite3.Connection, step_id: str) -> bool:
     now = time.time()
     return conn.execute("UPDATE samples SET status = 'ready', ready_at = ?, updated_at = ? "
                         "WHERE step_id = ? AND status = 'pending'", (now, now, step_id)).rowcount == 1
+
+
+def judge_failed(conn: sqlite3.Connection, step_id: str, error: str, max_attempts: int, retry_s: float) -> bool:
+    """Count a failed judging attempt and keep its error; the turn waits `retry_s * 2**(attempts-1)`
+    before the next one, and after `max_attempts` the judge gives up on it (`judge_gave_up_at`, the
+    last error its reason): it leaves `unjudged()` for good. True if this attempt gave up."""
+    row = conn.execute("SELECT judge_attempts FROM samples WHERE step_id = ?", (step_id,)).fetchone()
+    if row is None:
+        raise UnknownStepError(step_id)
+    attempts, now = row[0] + 1, time.time()
+    gave_up = attempts >= max_attempts
+    conn.execute("UPDATE samples SET judge_attempts = ?, judge_error = ?, judge_retry_at = ?, judge_gave_up_at = ?, "
+                 "updated_at = ? WHERE step_id = ?",
+                 (attempts, error, None if gave_up else now + retry_s * 2 ** (attempts - 1), now if gave_up else None,
+                  now, step_id))
+    return gave_up
 
 
 def _insert_event(conn: sqlite3.Connection, event: SessionEvent) -> None:
@@ -409,3 +426,28 @@ def ack(conn: sqlite3.Connection, lease_id: str) -> int:
                             "AND status IN ('leased', 'ready')", (now, lease_id)).rowcount
     conn.execute("UPDATE leases SET state = 'acked', closed_at = ? WHERE lease_id = ?", (now, lease_id))
     return consumed
+
+
+def hold_out(conn: sqlite3.Connection, tenant: str | None, n: int) -> list[str]:
+    """Up to `n` recent main turns (of `tenant`, or any) that nothing trained on yet (PENDING or
+    READY), preferring one per session, dropped from training with reason `probe`: the guard's
+    held-out requests."""
+    rows = conn.execute(
+        "SELECT step_id, session_id FROM samples WHERE tenant = coalesce(?, tenant) AND status IN ('pending', 'ready') "
+        "ORDER BY updated_at DESC LIMIT ?", (tenant, n * 8)).fetchall()
+    first = {}
+    for step_id, session_id in rows:
+        first.setdefault(session_id, step_id)
+    chosen = list(first.values())[:n]
+    chosen += [step_id for step_id, _ in rows if step_id not in chosen][: n - len(chosen)]
+    now = time.time()
+    for step_id in chosen:
+        conn.execute("UPDATE samples SET status = 'dropped', reason = 'probe', updated_at = ? WHERE step_id = ?",
+                     (now, step_id))
+    return chosen
+
+
+def record_version(conn: sqlite3.Connection, adapter: str, version: int, status: str, reason: str,
+                   scores: dict[str, Any]) -> None:
+    conn.execute("INSERT INTO policy_versions (adapter, version, status, reason, scores, decided_at) "
+                 "VALUES (?, ?, ?, ?, ?, ?)", (adapter, version, status, reason, json.dumps(scores), time.time()))

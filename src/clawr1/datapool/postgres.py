@@ -20,7 +20,7 @@ import re
 from typing import Any
 
 from clawr1.core.config import PoolConfig
-from clawr1.datapool.schema import SCHEMA, SCHEMA_VERSION, _statements
+from clawr1.datapool.schema import SCHEMA, SCHEMA_VERSION, _statements, add_columns
 from clawr1.datapool.sql import SQLPool
 
 try:
@@ -105,18 +105,27 @@ class PgConnection:
 
     def __init__(self, conn: Any):
         self._conn = conn
+        self.total_changes = 0
+        """Rows inserted, updated or deleted on this connection, as `sqlite3.Connection`'s (the
+        group-commit writer tells a commit that stored something from an empty one by it)."""
 
     def execute(self, sql: str, params: Any = ()) -> Cursor:
         query, named = _translate(sql)
         cursor = self._conn.cursor()
         cursor.execute(query, {f"p{i}": v for i, v in enumerate(params, 1)} if named else tuple(params))
+        self._count(cursor)
         return Cursor(cursor)
 
     def executemany(self, sql: str, rows: Any) -> Cursor:
         query, named = _translate(sql)
         cursor = self._conn.cursor()
         cursor.executemany(query, [{f"p{i}": v for i, v in enumerate(r, 1)} if named else tuple(r) for r in rows])
+        self._count(cursor)
         return Cursor(cursor)
+
+    def _count(self, cursor: Any) -> None:
+        if cursor.description is None and cursor.rowcount > 0:  # no result rows: INSERT, UPDATE, DELETE
+            self.total_changes += cursor.rowcount
 
     def getlimit(self, _: int) -> int:
         return MAX_PARAMS
@@ -153,18 +162,29 @@ class PostgresPool(SQLPool):
     def _retryable(self, error: BaseException) -> bool:
         return isinstance(error, (pg_errors.SerializationFailure, pg_errors.DeadlockDetected))
 
+    def _unavailable(self, error: BaseException) -> bool:
+        # The server's disk full, out of memory, shutting down, or the connection lost.
+        return isinstance(error, (psycopg.OperationalError, OSError))
+
+    def _touch(self, conn: PgConnection) -> None:
+        # A new version of one tiny row: a WAL record the server must flush at COMMIT.
+        conn.execute("UPDATE clawr1_meta SET value = value WHERE key = 'schema_version'")
+
 
 def ensure_schema(conn: PgConnection) -> None:
-    """Create the tables once (under an advisory lock); refuse a database of a newer schema. Read
-    committed, not serializable: a gateway that waited on the lock must see what the first created."""
+    """Create the tables once (under an advisory lock), upgrade an older database's (`add_columns`);
+    refuse a database of a newer schema. Read committed, not serializable: a gateway that waited on
+    the lock must see what the first created."""
     conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
     try:
         conn.execute(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK})")
-        for statement in postgres_schema():
-            conn.execute(statement)
+        conn.execute("CREATE TABLE IF NOT EXISTS clawr1_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
         row = conn.execute("SELECT value FROM clawr1_meta WHERE key = 'schema_version'").fetchone()
         if row is not None and int(row[0]) > SCHEMA_VERSION:
             raise RuntimeError(f"pool schema v{row[0]} is newer than this clawr1 (v{SCHEMA_VERSION})")
+        add_columns(conn, functools.partial(_columns, conn), lambda kind: kind.replace("REAL", "DOUBLE PRECISION"))
+        for statement in postgres_schema():
+            conn.execute(statement)
         conn.execute("INSERT INTO clawr1_meta (key, value) VALUES ('schema_version', ?) ON CONFLICT (key) "
                      "DO UPDATE SET value = excluded.value", (str(SCHEMA_VERSION),))
         conn.execute("COMMIT")
@@ -172,3 +192,10 @@ def ensure_schema(conn: PgConnection) -> None:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+
+
+def _columns(conn: PgConnection, table: str) -> set[str]:
+    """A table's columns in the pool's schema (empty if it has no such table)."""
+    rows = conn.execute("SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() "
+                        "AND table_name = ?", (table,)).fetchall()
+    return {row[0] for row in rows}

@@ -137,10 +137,15 @@ def hints(conn: sqlite3.Connection, step_ids: list[str]) -> dict[str, str]:
     return out
 
 
-def unjudged(conn: sqlite3.Connection, limit: int) -> list[str]:
-    """Main turns whose next state has arrived and that carry no reward yet, oldest first."""
+def unjudged(conn: sqlite3.Connection, limit: int, shard: tuple[int, int], now: float) -> list[str]:
+    """Shard `shard = (i, n)`'s main turns whose next state has arrived, that carry no reward yet, that
+    the judge has not given up on and whose retry time (after a failed attempt) has come; oldest
+    change first. The shard is filtered here, not by the worker, so a worker whose shard is stuck
+    (slow, dead, failing) never fills another's page (the `samples_unjudged` index's order)."""
     rows = conn.execute("SELECT step_id FROM samples WHERE status = 'pending' AND reward IS NULL "
-                        "AND next_step_id IS NOT NULL ORDER BY updated_at LIMIT ?", (limit,)).fetchall()
+                        "AND next_step_id IS NOT NULL AND judge_gave_up_at IS NULL AND shard_key % ? = ? "
+                        "AND coalesce(judge_retry_at, 0) <= ? ORDER BY updated_at LIMIT ?",
+                        (shard[1], shard[0], now, limit)).fetchall()
     return [r[0] for r in rows]
 
 
@@ -183,7 +188,8 @@ def show(conn: sqlite3.Connection, ident: str, tenant: str | None) -> dict[str, 
     key = (session["tenant"], ident)
     session["steps"] = [dict(r) for r in conn.execute(
         "SELECT t.step_id, t.turn_index, t.turn_type, t.policy_version, t.finish_reason, t.text, s.next_step_id, "
-        "s.status, s.reward, s.reason FROM steps t LEFT JOIN samples s ON s.step_id = t.step_id "
+        "s.status, s.reward, s.reason, s.judge_attempts, s.judge_error, s.judge_gave_up_at "
+        "FROM steps t LEFT JOIN samples s ON s.step_id = t.step_id "
         "WHERE t.tenant = ? AND t.session_id = ? ORDER BY t.turn_index, t.created_at", key)]
     # Every turn's rewards (votes, evidence) and hints, so one read explains the whole session.
     judged: dict[str, dict[str, list]] = {t["step_id"]: {"rewards": [], "hints": []} for t in session["steps"]}
@@ -304,3 +310,9 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
+
+
+def policy_versions(conn: sqlite3.Connection, adapter: str | None) -> list[dict[str, Any]]:
+    rows = conn.execute("SELECT adapter, version, status, reason, scores, decided_at FROM policy_versions "
+                        "WHERE adapter = coalesce(?1, adapter) ORDER BY id", (adapter,)).fetchall()
+    return [{**dict(row), "scores": json.loads(row["scores"])} for row in rows]

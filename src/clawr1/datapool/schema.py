@@ -7,6 +7,10 @@ readable in any SQLite shell.
 
 Steps are append-only. A main turn's next state is not copied into it: its sample row links to the
 session's next main turn, whose messages after the last assistant reply are that next state.
+
+Schema versions: v2 added the judge's bookkeeping to samples (shard key, failed attempts, the
+give-up); v3 the guard's decision log (`policy_versions`). An older file gets the columns it lacks (`ADDED_COLUMNS`) when it is opened; a newer one
+is refused.
 """
 
 from __future__ import annotations
@@ -14,13 +18,14 @@ from __future__ import annotations
 import json
 import sqlite3
 import struct
+import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from clawr1.core.config import PoolConfig
 from clawr1.core.records import Step
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 3
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS steps (
@@ -96,6 +101,9 @@ CREATE INDEX IF NOT EXISTS hints_by_step ON hints (step_id);
 
 -- One row per main turn: its place in the training queue and its link to the next main turn
 -- (whose messages hold this turn's next state). Small rows, so queue and link updates are cheap.
+-- The judge's bookkeeping (schema v2): the turn's shard (`shard_key % n`: which of n judge workers
+-- takes it), its failed attempts with the last error, when it may be tried again, and when the
+-- judge gave up on it.
 CREATE TABLE IF NOT EXISTS samples (
     step_id TEXT PRIMARY KEY,
     tenant TEXT NOT NULL,
@@ -109,13 +117,21 @@ CREATE TABLE IF NOT EXISTS samples (
     lease_id TEXT,
     next_step_id TEXT,
     ready_at REAL,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    shard_key INTEGER NOT NULL DEFAULT 0,
+    judge_attempts INTEGER NOT NULL DEFAULT 0,
+    judge_error TEXT,
+    judge_retry_at REAL,
+    judge_gave_up_at REAL
 ) WITHOUT ROWID;  -- looked up by key: one b-tree instead of two
 -- The READY queue in lease()'s order (newest version first, oldest first within it): no sort.
 -- Partial, so the many PENDING, CONSUMED and DROPPED samples cost it nothing.
 CREATE INDEX IF NOT EXISTS samples_ready ON samples (policy_version DESC, ready_at) WHERE status = 'ready';
 CREATE INDEX IF NOT EXISTS samples_by_session ON samples (tenant, session_id, turn_index);
 CREATE INDEX IF NOT EXISTS samples_by_lease ON samples (lease_id) WHERE lease_id IS NOT NULL;
+-- The judge's work list in `unjudged()`'s order: its poll reads only the turns waiting for a judge.
+CREATE INDEX IF NOT EXISTS samples_unjudged ON samples (updated_at)
+WHERE status = 'pending' AND reward IS NULL AND next_step_id IS NOT NULL AND judge_gave_up_at IS NULL;
 
 -- Sessions, samples and next-state links are maintained by `ops.insert_steps`, once per batch.
 -- Early files kept that in a per-row trigger, which would now do it twice.
@@ -130,12 +146,57 @@ CREATE TABLE IF NOT EXISTS leases (
     closed_at REAL
 );
 CREATE INDEX IF NOT EXISTS leases_by_state ON leases (state, expires_at);
+
+-- The guard's decisions (schema v3), append-only: each candidate version of each adapter, promoted
+-- or rejected and why, with the probe scores it was judged on; pins and rollbacks too.
+CREATE TABLE IF NOT EXISTS policy_versions (
+    id INTEGER PRIMARY KEY,
+    adapter TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    scores TEXT NOT NULL,
+    decided_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS policy_versions_by_adapter ON policy_versions (adapter, version);
 """
 
 STEP_COLUMNS = ("step_id", "tenant", "session_id", "prompt_id", "turn_index", "turn_type", "policy_version",
                 "adapter", "finish_reason", "temperature", "created_at", "messages", "tools", "text",
                 "prompt_ids", "token_ids", "logprobs", "timings")
 INSERT_STEP = f"INSERT INTO steps ({', '.join(STEP_COLUMNS)}) VALUES"  # + one (?, ...) group per row
+
+
+# Columns added to a table after it first shipped, in SQLite's spelling: an older pool gets them
+# before the schema script runs (its indexes may use them). A table it lacks is created whole.
+ADDED_COLUMNS = (
+    ("sessions", "key_hash", "TEXT"),
+    ("samples", "shard_key", "INTEGER NOT NULL DEFAULT 0"),
+    ("samples", "judge_attempts", "INTEGER NOT NULL DEFAULT 0"),
+    ("samples", "judge_error", "TEXT"),
+    ("samples", "judge_retry_at", "REAL"),
+    ("samples", "judge_gave_up_at", "REAL"),
+)
+
+
+def shard_key(step_id: str) -> int:
+    """A step's judge shard key: with n judge workers, worker i judges the turns whose key % n == i.
+    Computed here, once, at insert (SQLite has no hash function in SQL to compute it in a query);
+    31 bits, so it fits PostgreSQL's INTEGER too."""
+    return zlib.crc32(step_id.encode()) & 0x7FFF_FFFF
+
+
+def add_columns(conn: Any, columns_of: Callable[[str], set[str]], spell: Callable[[str], str] = str) -> None:
+    """Bring an older pool's tables up to this schema (inside the caller's transaction): add the
+    columns of `ADDED_COLUMNS` it lacks (`columns_of(table)`: its columns, empty when it has no such
+    table; `spell`: a column type in the backend's spelling) and give old samples their shard keys."""
+    for table, column, kind in ADDED_COLUMNS:
+        present = columns_of(table)
+        if present and column not in present:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {spell(kind)}")
+            if column == "shard_key":
+                ids = [row[0] for row in conn.execute("SELECT step_id FROM samples").fetchall()]
+                conn.executemany("UPDATE samples SET shard_key = ? WHERE step_id = ?", [(shard_key(i), i) for i in ids])
 
 
 def connect(path: Path, config: PoolConfig) -> sqlite3.Connection:
@@ -176,15 +237,14 @@ def _statements(script: str) -> list[str]:
 
 
 def ensure_schema(conn: sqlite3.Connection) -> None:
-    """Create the tables once; refuse a file written by a newer schema."""
+    """Create the tables once, upgrade an older file's (`add_columns`); refuse a file written by a
+    newer schema."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise RuntimeError(f"pool schema v{version} is newer than this clawr1 (v{SCHEMA_VERSION})")
-        columns = {row[1] for row in conn.execute("PRAGMA table_info(sessions)")}
-        if columns and "key_hash" not in columns:  # a file from before per-session keys
-            conn.execute("ALTER TABLE sessions ADD COLUMN key_hash TEXT")
+        add_columns(conn, lambda table: {row[1] for row in conn.execute(f"PRAGMA table_info({table})")})
         for statement in _statements(SCHEMA):
             conn.execute(statement)
         conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")

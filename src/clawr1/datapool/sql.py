@@ -45,7 +45,8 @@ class SQLPool(DataPool):
         self.config = config or PoolConfig()
         conn = self._connect(write=True)
         self._writer = GroupCommitWriter(conn, self.config.group_commit_max, self.config.writer_queue,
-                                         self.config.commit_linger_ms / 1000, (ops.insert_steps,), self._retryable)
+                                         self.config.commit_linger_ms / 1000, (ops.insert_steps,), self._retryable,
+                                         self._unavailable)
         self._reader = self._connect(write=False)
         self._read_lock = threading.Lock()
 
@@ -62,6 +63,16 @@ class SQLPool(DataPool):
         """A transaction that failed only because a concurrent one won (PostgreSQL's serializable
         isolation): the writer runs it again. SQLite's single writer never needs to."""
         return False
+
+    @abstractmethod
+    def _unavailable(self, error: BaseException) -> bool:
+        """An error inside a write that is the database's (disk full, I/O error, lost connection),
+        not that write's (an unknown step id): it fails the whole batch and sets `write_error`."""
+
+    @abstractmethod
+    def _touch(self, conn: Any) -> None:
+        """`check_writable`'s write: the smallest change this backend commits to disk, leaving the
+        pool as it was."""
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -112,6 +123,21 @@ class SQLPool(DataPool):
     def mark_ready(self, step_id: str) -> bool:
         return self._writer.run(partial(ops.mark_ready, step_id=step_id))
 
+    def judge_failed(self, step_id: str, error: str, max_attempts: int, retry_s: float) -> bool:
+        if max_attempts < 1 or retry_s <= 0:
+            raise ValueError(f"max_attempts must be >= 1 and retry_s > 0, got {max_attempts} and {retry_s}")
+        return self._writer.run(partial(ops.judge_failed, step_id=step_id, error=error, max_attempts=max_attempts,
+                                        retry_s=retry_s))
+
+    def hold_out(self, tenant: str | None, n: int) -> list[str]:
+        if n < 1:
+            raise ValueError(f"hold out at least 1 turn, got {n}")
+        return self._writer.run(partial(ops.hold_out, tenant=tenant, n=n))
+
+    def record_version(self, adapter: str, version: int, status: str, reason: str, scores: dict[str, Any]) -> None:
+        self._writer.run(partial(ops.record_version, adapter=adapter, version=version, status=status, reason=reason,
+                                 scores=scores))
+
     # -- training ------------------------------------------------------------------------------
 
     def lease(self, n: int, max_staleness: int | None = None, current_version: int = 0,
@@ -158,11 +184,24 @@ class SQLPool(DataPool):
     def hints(self, step_ids: Iterable[str]) -> dict[str, str]:
         return self._read(queries.hints, list(step_ids))
 
-    def unjudged(self, limit: int = 64) -> list[str]:
-        return self._read(queries.unjudged, limit)
+    def unjudged(self, limit: int = 64, shard: tuple[int, int] = (0, 1)) -> list[str]:
+        index, count = shard
+        if not 0 <= index < count:
+            raise ValueError(f"shard must be (i, n) with 0 <= i < n, got {shard}")
+        return self._read(queries.unjudged, limit, (index, count), time.time())
 
     def pending_writes(self) -> int:
         return self._writer.pending()
+
+    def write_error(self) -> str | None:
+        return self._writer.failure()
+
+    def check_writable(self) -> str | None:
+        try:
+            self._writer.check(self._touch)
+        except Exception as error:  # the answer, as a value: the caller keeps refusing and asks again
+            return f"{type(error).__name__}: {error}"
+        return None
 
     def stats(self, tenant: str | None = None) -> dict[str, Any]:
         return {**self._read(queries.stats, tenant), "db_bytes": self._db_bytes()}
@@ -175,6 +214,9 @@ class SQLPool(DataPool):
 
     def versions(self, tenant: str | None = None) -> list[dict[str, Any]]:
         return self._read(queries.versions, tenant)
+
+    def policy_versions(self, adapter: str | None = None) -> list[dict[str, Any]]:
+        return self._read(queries.policy_versions, adapter)
 
     def lease_ready_times(self, lease_ids: Iterable[str]) -> dict[str, list[float]]:
         return self._read(queries.lease_ready_times, list(lease_ids))

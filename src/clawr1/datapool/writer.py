@@ -9,10 +9,16 @@ A write is `(op, arg)` where `op(conn, [arg, ...])` returns one result per arg: 
 with the same op run as one call, so a batch of appends becomes a handful of multi-row statements
 instead of a Python loop of single statements. Each statement (and each row fetched) hands the GIL
 back and forth, and while callers encode steps each reacquisition can wait a switch interval.
+
+A failed commit (disk full, I/O error, a lock held too long) fails only its own batch: the writer
+reports the error to that batch's futures and keeps running, and `failure()` says why the pool
+cannot write until a commit that stores something (or a `check`) succeeds again. The gateway
+refuses new requests meanwhile instead of answering ones whose steps would be lost.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import random
 import sqlite3
@@ -26,6 +32,7 @@ from clawr1.datapool.base import PoolFullError
 
 BatchOp = Callable[[sqlite3.Connection, list[Any]], list[Any]]
 _STOP = object()
+log = logging.getLogger(__name__)
 
 
 def run_each(conn: sqlite3.Connection, fns: list[Callable[[sqlite3.Connection], Any]]) -> list[Any]:
@@ -33,13 +40,25 @@ def run_each(conn: sqlite3.Connection, fns: list[Callable[[sqlite3.Connection], 
     return [fn(conn) for fn in fns]
 
 
+def run_check(conn: sqlite3.Connection, fns: list[Callable[[sqlite3.Connection], Any]]) -> list[Any]:
+    """The batch op of `GroupCommitWriter.check`: `run_each`, under a name of its own so the writer
+    knows its commit proves the pool writable even though it may change no row."""
+    return [fn(conn) for fn in fns]
+
+
 class GroupCommitWriter:
     """Owns the write connection; everything that changes the pool in this process goes through it."""
 
     def __init__(self, conn: sqlite3.Connection, max_batch: int, max_queue: int, linger_s: float = 0.0,
-                 linger_ops: tuple[BatchOp, ...] = (), retryable: Callable[[BaseException], bool] | None = None):
+                 linger_ops: tuple[BatchOp, ...] = (), retryable: Callable[[BaseException], bool] | None = None,
+                 unavailable: Callable[[BaseException], bool] | None = None):
+        """`retryable(error)`: the batch lost a conflict and runs again. `unavailable(error)`: an
+        error raised inside a write that is the database's, not that write's (disk full, I/O), so
+        it fails the whole batch and `failure()` reports it; a failed BEGIN or COMMIT always is."""
         self._conn = conn
         self._retryable = retryable or (lambda error: False)
+        self._unavailable = unavailable or (lambda error: False)
+        self._failure: str | None = None  # why the last commit failed; None once one stored something again
         self._max_batch = max_batch
         self._linger_s, self._linger_ops = linger_s, linger_ops
         self._queue: queue.Queue = queue.Queue(max_queue)
@@ -70,6 +89,19 @@ class GroupCommitWriter:
     def run(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         """Run one unbatched write `fn(conn)` in the next commit and wait for it."""
         return self.submit(run_each, fn).result()
+
+    def failure(self) -> str | None:
+        """Why the last commit failed (`"OperationalError: database or disk is full"`), or None.
+        Cleared by the next commit that changed a row, or by a successful `check`: a commit that
+        wrote nothing (an idle sweep that found nothing to close) proves nothing about the disk.
+        One attribute read, so the gateway can ask on every request."""
+        return self._failure
+
+    def check(self, fn: Callable[[sqlite3.Connection], Any]) -> None:
+        """Commit the tiny write `fn(conn)` now and wait; its success clears `failure()`, its
+        error is raised. The half-open probe of a gateway refusing requests while the pool cannot
+        write."""
+        self.submit(run_check, fn).result()
 
     def close(self) -> None:
         """Commit everything queued so far, then stop the thread and close the connection."""
@@ -113,6 +145,9 @@ class GroupCommitWriter:
         conn = self._conn
         in_op = False
         try:
+            if conn.in_transaction:  # a ROLLBACK that failed last time (`_rollback`): end it first
+                conn.execute("ROLLBACK")
+            changes = conn.total_changes
             conn.execute("BEGIN IMMEDIATE")
             in_op = True
             results: list[Any] = []
@@ -121,22 +156,43 @@ class GroupCommitWriter:
             in_op = False
             conn.execute("COMMIT")
         except Exception as error:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            self._rollback(error)
             if self._retryable(error) and attempt < 20:
                 # A concurrent writer (another gateway on PostgreSQL) won a conflict: nothing of this
                 # batch happened, so running it again is exact. Back off a little, with jitter.
                 time.sleep(min(0.2, 0.002 * 2 ** attempt) * (0.5 + random.random()))
                 self._commit(batch, attempt + 1)
                 return
-            if in_op and len(batch) > 1:
+            shared = not in_op or (self._unavailable(error) and not self._retryable(error))
+            if not shared and len(batch) > 1:
                 # One bad write must not fail its neighbours: retry each alone, so only it fails.
-                # (A failed BEGIN or COMMIT -- lock timeout, I/O error -- is shared: no retry.)
+                # (A failed BEGIN or COMMIT, or the disk failing inside a write, is shared: retrying
+                # each alone would fail each again, one transaction at a time.)
                 for item in batch:
                     self._commit([item])
                 return
+            if shared:
+                if self._failure is None:
+                    log.error("the data pool cannot write (%s: %s): a batch of %d writes failed; the pool "
+                              "reports it until a commit stores something again", type(error).__name__, error,
+                              len(batch))
+                self._failure = f"{type(error).__name__}: {error}"
             for _, _, future in batch:
                 future.set_exception(error)
             return
+        if self._failure is not None and (conn.total_changes != changes or any(op is run_check for op, _, _ in batch)):
+            log.warning("the data pool writes again (it failed with %s)", self._failure)
+            self._failure = None
         for (_, _, future), result in zip(batch, results, strict=True):
             future.set_result(result)
+
+    def _rollback(self, error: Exception) -> None:
+        """End the failed transaction. SQLite already rolled back after a full disk or an I/O error
+        in COMMIT; a ROLLBACK that fails too is noted on the error the batch gets, and must not end
+        the writer: the next batch's BEGIN tries again."""
+        if not self._conn.in_transaction:
+            return
+        try:
+            self._conn.execute("ROLLBACK")
+        except Exception as rollback_error:
+            error.add_note(f"and the ROLLBACK failed: {type(rollback_error).__name__}: {rollback_error}")

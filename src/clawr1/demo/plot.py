@@ -1,4 +1,6 @@
-"""The demo's learning curves as a PNG: preference score per optimizer step, one line per method."""
+"""The demo's curves as a PNG: preference score (left) and reply quality (right) per policy version,
+one colour per method, side by side so a score won by degenerate replies shows as a falling
+quality curve next to a rising preference curve."""
 
 from __future__ import annotations
 
@@ -6,15 +8,18 @@ from pathlib import Path
 from typing import Any
 
 
-def smoothed(rows: list[dict[str, Any]], window: int = 3) -> tuple[list[int], list[float]]:
-    """Score per version, averaged over the replies of `window` consecutive versions (each version
-    alone serves only about a batch of replies, so single points are noisy)."""
+def smoothed(rows: list[dict[str, Any]], window: int = 3, key: str = "score",
+             weight: str = "replies") -> tuple[list[int], list[float]]:
+    """`key` per version, averaged over the replies of `window` consecutive versions (each version
+    alone serves only about a batch of replies, so single points are noisy). Versions with no
+    value (nothing measured) are left out."""
+    rows = [r for r in rows if r.get(key) is not None and r.get(weight)]
     xs, ys = [], []
     for i, row in enumerate(rows):
         group = rows[max(0, i - window + 1): i + 1]
-        replies = sum(r["replies"] for r in group)
+        total = sum(r[weight] for r in group)
         xs.append(row["version"])
-        ys.append(sum(r["score"] * r["replies"] for r in group) / replies)
+        ys.append(sum(r[key] * r[weight] for r in group) / total)
     return xs, ys
 
 
@@ -24,20 +29,39 @@ def plot_runs(results: list[dict[str, Any]], out: Path) -> Path:
     matplotlib.use("Agg")  # no display here
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    fig, (pref, qual) = plt.subplots(1, 2, figsize=(12, 4.2), dpi=120, sharex=True)
     for result in results:
+        method = result["method"]
         xs, ys = smoothed(result["per_version"])
-        line, = ax.plot(xs, ys, marker="o", markersize=3, label=f"{result['method']} (live, 3-version mean)")
-        if result.get("before") and result.get("after"):
-            ax.plot([0, result["reached_version"]], [result["before"]["score"], result["after"]["score"]],
-                    linestyle="none", marker="X", markersize=9, color=line.get_color(), alpha=0.8,
-                    label=f"{result['method']} held-out, before / after")
-    ax.set_xlabel("optimizer steps (policy version served)")
-    ax.set_ylabel("preference score")
-    ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-    ax.set_title("Simulated users, embedded SmolLM2-135M, 2 CPU cores")
+        line, = pref.plot(xs, ys, marker="o", markersize=3, label=f"{method}: users' score (live, 3-version mean)")
+        color = line.get_color()
+        xs, ys = smoothed(result["per_version"], key="sane_rate", weight="measured")
+        if xs:
+            qual.plot(xs, ys, marker="o", markersize=3, color=color, label=f"{method}: sane rate (live)")
+        curve = result.get("curve") or [  # runs from before the curve: their before/after points
+            {**point, "version": version} for point, version in ((result.get("before"), 0),
+                                                                 (result.get("after"), result["reached_version"]))
+            if point]
+        points = [(c["version"], c) for c in curve]
+        if points:
+            pref.plot([v for v, _ in points], [c["score"] for _, c in points], linestyle="--", marker="X",
+                      markersize=7, color=color, alpha=0.8, label=f"{method}: held-out score")
+            kept = [(v, c["preferred_and_sane"]) for v, c in points if c.get("preferred_and_sane") is not None]
+            if kept:
+                pref.plot(*zip(*kept), linestyle=":", marker="s", markersize=5, color=color, alpha=0.8,
+                          label=f"{method}: held-out preferred and sane")
+            sane = [(v, c["sane_rate"]) for v, c in points if c.get("sane_rate") is not None]
+            if sane:
+                qual.plot(*zip(*sane), linestyle="--", marker="X", markersize=7, color=color, alpha=0.8,
+                          label=f"{method}: held-out sane rate")
+    for ax, title in ((pref, "preference score"), (qual, "sane rate (within the base model's range)")):
+        ax.set_xlabel("optimizer steps (policy version served)")
+        ax.set_ylabel(title)
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:  # a run from before the quality numbers has none on the right
+            ax.legend(fontsize=6, loc="best")
+    fig.suptitle("Simulated users, embedded SmolLM2-135M: preference and quality per version")
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,17 +1,21 @@
 """`clawr1 demo`: simulated users talk to the real main job while it learns their preferences.
 
-The demo starts `clawr1 up` (gateway, judge, trainer: the production process, untouched) on a free
-loopback port in its own data directory, measures the served version on held-out prompts, lets
-the users talk through the gateway like OpenClaw does (no session headers: history matching
-finds the sessions), shows the preference score per policy version live, and measures again once
-the trainer has published `steps` versions. Nothing reads a user's hidden preference except the
-score: rewards and hints come from the production judge reading the users' replies.
+The demo starts `clawr1 up` (gateway, judge, trainer: the production process with the product's
+defaults, untouched unless flags say otherwise) on a free loopback port in its own data directory,
+measures the base model on held-out prompts, lets the users talk through the gateway like
+OpenClaw does (no session headers: history matching finds the sessions), shows the preference
+score and the sane rate per policy version live, and measures again once the trainer has
+published `steps` versions. Nothing reads a user's hidden preference except the score: rewards and
+hints come from the production judge reading the users' replies.
+
+The headline is the held-out share of replies that keep the preference *and* are sane (within the
+base model's own range, `clawr1.quality`), printed beside the preference score and the sane rate:
+a policy that wins its score with nonsense must show it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
 import os
 import shutil
@@ -24,15 +28,19 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from rich.console import Console, Group
 from rich.live import Live
-from rich.table import Table
 
 from clawr1.core.config import Config, to_toml
 from clawr1.demo.evaluate import EvalResult, evaluate
-from clawr1.demo.users import HELD_OUT, PREFERENCES, SimulatedUser, make_users
+from clawr1.demo.live import QualityTracker, Scoreboard, live_table, talk, version_of
+from clawr1.demo.preferences import DEFAULT_PREFERENCES, parse_preferences
+from clawr1.demo.report import summary
+from clawr1.demo.users import HELD_OUT, make_users
 from clawr1.trainer.history import read_metrics
+
+__all__ = ["DemoSettings", "MainJob", "Scoreboard", "run_demo", "summary", "version_of"]
 
 
 class DemoSettings(BaseModel):
@@ -42,26 +50,38 @@ class DemoSettings(BaseModel):
 
     method: str = Field("combine", pattern="^(rl|opd|combine)$")
     """Training objective of the main job (the production default is combine)."""
+    preferences: tuple[str, ...] = DEFAULT_PREFERENCES
+    """The users' preferences, assigned round-robin (`clawr1.demo.preferences`)."""
     steps: int = Field(16, ge=1, le=1000)
     """Stop once the gateway serves this policy version (= optimizer steps)."""
     users: int = Field(9, ge=1, le=64)
-    """Simulated users talking at once; preferences are assigned round-robin."""
+    """Simulated users talking at once."""
     turns: int = Field(3, ge=2, le=20)
     """User messages per conversation before a new one starts."""
-    batch_size: int = Field(8, ge=1, le=1024)
-    """Samples per optimizer step."""
-    lr: float = Field(1e-3, gt=0, le=1.0)
-    """LoRA learning rate for the demo's trainer."""
+    batch_size: int | None = Field(None, ge=1, le=1024)
+    """Samples per optimizer step; None: the product default (`trainer.batch_size`)."""
+    lr: float | None = Field(None, gt=0, le=1.0)
+    """LoRA learning rate; None: the product default (`trainer.lr`)."""
     max_tokens: int = Field(64, ge=8, le=4096)
-    """Reply length cap the users' client sets (a truncated reply breaks 'one short paragraph')."""
+    """Reply length cap the users' client sets (a truncated reply keeps no preference)."""
     temperature: float = Field(0.7, ge=0, le=2)
     """Sampling temperature the users' client sets."""
     seed: int = Field(0, ge=0)
     """Seeds the users (questions, phrasings) and the evaluation's sampling."""
     max_minutes: float = Field(14.0, gt=0, le=24 * 60)
     """Stop talking after this long even if `steps` versions were not reached."""
-    eval_questions: int = Field(8, ge=0, le=8)
-    """Held-out questions per preference in the before/after evaluation (0 = skip it)."""
+    eval_questions: int = Field(8, ge=0, le=len(HELD_OUT))
+    """Held-out questions per preference in the before/after evaluation (0 = skip it, and with it
+    every quality number: the base's held-out replies are the reference)."""
+    eval_every: int | None = Field(None, ge=1, le=1000)
+    """Also evaluate on the held-out prompts every this many versions (a held-out curve)."""
+    quality_batch: int = Field(16, ge=1, le=512)
+    """Users' replies measured per `/v1/quality` call for the live sane rate."""
+
+    @field_validator("preferences", mode="before")
+    @classmethod
+    def _known(cls, value: Any) -> tuple[str, ...]:
+        return parse_preferences(value)
 
 
 def free_port() -> int:
@@ -70,12 +90,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def version_of(fingerprint: str | None) -> int:
-    return int(fingerprint.rsplit("-v", 1)[1]) if fingerprint and "-v" in fingerprint else -1
-
-
 class MainJob:
-    """`clawr1 up` as a child process, exactly as a user starts it."""
+    """`clawr1 up` as a child process, exactly as a user starts it: the caller's config (trainer
+    settings included) and only the overrides the demo's own flags set."""
 
     def __init__(self, config: Config, settings: DemoSettings, run_dir: Path, model_path: Path):
         self.port = free_port()
@@ -84,14 +101,16 @@ class MainJob:
         config_path = run_dir / "config.toml"  # the caller's config (judge, trainer, ...); secrets redacted
         config_path.write_text(to_toml(config))
         self.command = [sys.executable, "-m", "clawr1.cli.main", "up", "--config", str(config_path),
-                        "--data-dir", str(run_dir),
-                        "--port", str(self.port), "--method", settings.method,
-                        "--batch-size", str(settings.batch_size), "--model", str(model_path),
-                        "--set", f"trainer.lr={settings.lr}", "--set", f"trainer.seed={settings.seed}",
-                        "--set", f"engine.max_batch={max(8, settings.users)}",
-                        # Full batches only: the demo produces plenty, and then a version is a step.
-                        "--set", "trainer.max_wait_s=3600",
+                        "--data-dir", str(run_dir), "--port", str(self.port), "--method", settings.method,
+                        "--model", str(model_path), "--set", f"trainer.seed={settings.seed}",
+                        # Room for every user and the guard's probes at once: probes queued behind
+                        # nine users' replies would add minutes to each version's verdict.
+                        "--set", f"engine.max_batch={max(8, settings.users) + config.guard.probes}",
                         "--set", f"engine.threads={config.engine.threads}"]
+        if settings.batch_size is not None:
+            self.command += ["--batch-size", str(settings.batch_size)]
+        if settings.lr is not None:
+            self.command += ["--set", f"trainer.lr={settings.lr}"]
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 180.0) -> None:
@@ -120,54 +139,10 @@ class MainJob:
             self.proc.wait()
 
 
-class Scoreboard:
-    """Preference score per served version, from the users' own replies."""
-
-    def __init__(self) -> None:
-        self.kept: dict[int, list[bool]] = collections.defaultdict(list)
-        self.replies = 0
-
-    def add(self, version: int, kept: bool) -> None:
-        self.kept[version].append(kept)
-        self.replies += 1
-
-    def per_version(self) -> list[dict[str, Any]]:
-        return [{"version": v, "replies": len(k), "score": sum(k) / len(k)} for v, k in sorted(self.kept.items())]
-
-    def latest(self) -> int:
-        return max(self.kept, default=0)
-
-
-async def talk(user: SimulatedUser, client: Any, board: Scoreboard, settings: DemoSettings, done: asyncio.Event) -> None:
-    """One user's conversations, back to back, until `done`. Plain OpenAI requests, no headers."""
-    while not done.is_set():
-        messages = [{"role": "system", "content": user.system}, {"role": "user", "content": user.first_message()}]
-        for _ in range(settings.turns):
-            response = await client.chat.completions.create(model="clawr1", messages=messages,
-                                                            max_tokens=settings.max_tokens,
-                                                            temperature=settings.temperature)
-            choice = response.choices[0]
-            text = choice.message.content or ""
-            kept, said = user.react(text, choice.finish_reason == "stop")
-            board.add(version_of(response.system_fingerprint), kept)
-            if done.is_set():
-                return
-            messages += [{"role": "assistant", "content": text}, {"role": "user", "content": said}]
-
-
-def live_table(board: Scoreboard, metrics: list[dict[str, Any]], settings: DemoSettings, started: float) -> Table:
-    by_version = {m["version"]: m for m in metrics}
-    table = Table(title=f"clawr1 demo ({settings.method}): preference score per policy version "
-                        f"[{time.monotonic() - started:.0f} s, {board.replies} replies]")
-    for col in ("version", "replies", "score", "", "trained on", "reward", "hints", "loss"):
-        table.add_column(col, justify="right" if col else "left")
-    for row in board.per_version()[-18:]:
-        m = by_version.get(row["version"], {})
-        bar = "#" * round(row["score"] * 20)
-        table.add_row(f"v{row['version']}", str(row["replies"]), f"{row['score']:.2f}", bar,
-                      str(m.get("lease", "")), f"{m['reward_mean']:+.2f}" if m else "",
-                      f"{m['hint_rate']:.0%}" if m else "", f"{m['loss']:+.3f}" if m else "")
-    return table
+def _raise_failed(tasks: list[asyncio.Task]) -> None:
+    for task in tasks:
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
 
 
 async def run_demo(config: Config, settings: DemoSettings, console: Console) -> dict[str, Any]:
@@ -184,47 +159,69 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
     job = MainJob(config, settings, run_dir, model_path)
     started = time.monotonic()
     client: AsyncOpenAI | None = None
+    curve: list[dict[str, Any]] = []
     try:
         with console.status(f"Starting `clawr1 up` on {job.base_url} (log {job.log_path}) ..."):
             await asyncio.to_thread(job.start)
         client = AsyncOpenAI(base_url=f"{job.base_url}/v1", api_key="demo", max_retries=0, timeout=600)
-        eval_users = make_users(len(PREFERENCES), settings.seed + 7919)
+        eval_users = make_users(len(settings.preferences), settings.seed + 7919, settings.preferences)
 
-        async def measure(label: str) -> EvalResult | None:
-            if not settings.eval_questions:
-                return None
-            with console.status(f"Evaluating the served version on held-out prompts ({label}) ..."):
-                result = await evaluate(client, eval_users, max_tokens=settings.max_tokens,
-                                        temperature=settings.temperature, seed=settings.seed,
-                                        questions=HELD_OUT[: settings.eval_questions])
-            console.print(f"{label}: preference score {result.score:.2f} on {result.n} held-out replies "
-                          f"({', '.join(f'{k} {v:.2f}' for k, v in result.by_preference.items())}; "
-                          f"served by {', '.join(result.versions)})")
+        async def measure(label: str, reference: EvalResult | None) -> EvalResult:
+            result = await evaluate(client, eval_users, max_tokens=settings.max_tokens,
+                                    temperature=settings.temperature,
+                                    seed=settings.seed, questions=HELD_OUT[: settings.eval_questions],
+                                    reference=reference)
+            shown = result.as_dict()
+            pas = "-" if shown["preferred_and_sane"] is None else f"{shown['preferred_and_sane']:.2f}"
+            sane = "-" if shown["sane_rate"] is None else f"{shown['sane_rate']:.2f}"
+            console.print(f"{label}: preferred and sane {pas}, preference score {shown['score']:.2f}, sane rate {sane} "
+                          f"on {shown['n']} held-out replies (served by {', '.join(shown['versions'])})"
+                          + (f"; {result.quality_error}" if result.quality_error else ""))
             return result
 
-        before = await measure("before")
+        before = None
+        if settings.eval_questions:
+            with console.status("Evaluating the base model on held-out prompts (before) ..."):
+                before = await measure("before", None)
+        references = [r.completion_id for r in before.base] if before and before.calibration else []
         board, done = Scoreboard(), asyncio.Event()
-        users = make_users(settings.users, settings.seed, turns=settings.turns)
-        talkers = [asyncio.create_task(talk(u, client, board, settings, done)) for u in users]
+        users = make_users(settings.users, settings.seed, settings.preferences, turns=settings.turns)
+        tasks = [asyncio.create_task(talk(u, client, board, settings.turns, settings.max_tokens, settings.temperature,
+                                          done)) for u in users]
+        if references:  # else nothing to measure the users' replies against: the sane column stays empty
+            tracker = QualityTracker(client, board, references, settings.quality_batch)
+            tasks.append(asyncio.create_task(tracker.run(done)))
         deadline = started + settings.max_minutes * 60
-        talk_started, shown = time.monotonic(), 0
+        talk_started, shown, evaluating = time.monotonic(), 0, None
+        next_eval = settings.eval_every if before is not None and settings.eval_every else None
         with Live(console=console, refresh_per_second=2, transient=False) as live:
             while board.latest() < settings.steps and time.monotonic() < deadline:
-                for task in talkers:
-                    if task.done() and task.exception() is not None:
-                        raise task.exception()
-                live.update(Group(live_table(board, read_metrics(run_dir), settings, started)))
+                _raise_failed(tasks)
+                if next_eval is not None and board.latest() >= next_eval and evaluating is None:
+                    evaluating = asyncio.create_task(measure(f"v{board.latest()}", before))
+                    next_eval = (board.latest() // settings.eval_every + 1) * settings.eval_every  # users keep talking
+                if evaluating is not None and evaluating.done():
+                    curve.append(_point(evaluating.result()))
+                    evaluating = None
+                live.update(Group(live_table(board, read_metrics(run_dir), settings.method, started, curve)))
                 if not console.is_terminal and board.latest() > shown:  # a log file gets one line per version
                     shown, rows = board.latest(), board.per_version()
                     row = rows[-2] if len(rows) > 1 else rows[-1]
-                    console.print(f"[{time.monotonic() - started:.0f} s] serving v{shown}; "
-                                  f"v{row['version']} scored {row['score']:.2f} over {row['replies']} replies")
+                    sane = ("" if row["sane_rate"] is None
+                            else f", sane {row['sane_rate']:.2f} of {row['measured']} measured")
+                    console.print(f"[{time.monotonic() - started:.0f} s] serving v{shown}; v{row['version']} scored "
+                                  f"{row['score']:.2f} over {row['replies']} replies{sane}")
                 await asyncio.sleep(1.0)
             done.set()
-            await asyncio.gather(*talkers)
-            live.update(Group(live_table(board, read_metrics(run_dir), settings, started)))
+            await asyncio.gather(*tasks)
+            if evaluating is not None:
+                curve.append(_point(await evaluating))
+            live.update(Group(live_table(board, read_metrics(run_dir), settings.method, started, curve)))
         talk_s = time.monotonic() - talk_started
-        after = await measure("after")
+        after = None
+        if before is not None:
+            with console.status("Evaluating the served version on held-out prompts (after) ..."):
+                after = await measure("after", before)
     finally:
         if client is not None:
             await client.close()  # before the loop ends, or its connections are closed on a dead loop
@@ -235,6 +232,7 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
         "talk_s": talk_s, "replies": board.replies, "reached_version": board.latest(),
         "per_version": board.per_version(),
         "before": before.as_dict() if before else None, "after": after.as_dict() if after else None,
+        "curve": ([_point(before)] if before else []) + curve + ([_point(after)] if after else []),
         "trainer": [{k: m.get(k) for k in ("version", "lease", "loss", "reward_mean", "hint_rate", "total_s")}
                     for m in metrics],
     }
@@ -243,19 +241,7 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
     return result
 
 
-def summary(result: dict[str, Any], console: Console) -> None:
-    table = Table(title=f"demo summary ({result['method']})")
-    table.add_column("")
-    table.add_column("value", justify="right")
-    if result["before"] and result["after"]:
-        table.add_row("held-out preference score before", f"{result['before']['score']:.2f}")
-        table.add_row("held-out preference score after", f"{result['after']['score']:.2f}")
-        table.add_row("mean words per reply before / after",
-                      f"{result['before']['mean_words']:.0f} / {result['after']['mean_words']:.0f}")
-    rows = result["per_version"]
-    if rows:
-        table.add_row("live score, first / last version", f"{rows[0]['score']:.2f} / {rows[-1]['score']:.2f}")
-    table.add_row("optimizer steps (versions served)", str(result["reached_version"]))
-    table.add_row("user replies", str(result["replies"]))
-    table.add_row("wall time", f"{result['wall_s']:.0f} s")
-    console.print(table)
+def _point(result: EvalResult) -> dict[str, Any]:
+    """A held-out evaluation as a point of the curve: its numbers at the version that served most of it."""
+    shown = {k: v for k, v in result.as_dict().items() if k not in ("replies", "base_replies", "base", "calibration")}
+    return {"version": version_of(max(shown["versions"], key=shown["versions"].get)), **shown}

@@ -1,9 +1,18 @@
-"""The adapter store: versioned LoRA directories, published atomically.
+"""The version store: versioned LoRA (or whole-weight) directories, published atomically, with the
+guard's verdicts, the admin's controls and a retention rule. Whoever is on either side (the trainer
+publishing; a gateway, vLLM, SGLang or Ray replicas loading) goes through these functions.
 
-Layout: `<root>/<name>/v000007/` holding peft's `adapter_config.json` and
-`adapter_model.safetensors`, and last a marker `STABLE` with `{"name", "version"}`. A writer
-syncs every file before it writes the marker; a reader loads only marked directories, so a
-crash mid-write can never be served.
+Layout of `<root>/<name>/`:
+- `v000007/`: peft's `adapter_config.json` and `adapter_model.safetensors`, and last a marker
+  `STABLE` with `{"name", "version"}`. A writer syncs every file before it writes the marker, and
+  writes the marker itself as every JSON file here (below), so it is never seen empty or cut; a
+  reader loads only marked directories, so a crash mid-write can never be served (a publisher
+  SIGKILLed after every file boundary and at random moments: `tests/unit/test_faults.py`);
+- `v000007/VERDICT`: the guard's decision on that candidate (`promoted` / `rejected`, why, scores);
+- `LATEST`: the newest marked version's number, replaced atomically after its marker, so a watcher
+  reads one small file instead of listing the directory;
+- `CONTROL`: the admin's `pinned` version and `rollback` request.
+Every JSON file is written to a temporary name, synced and renamed: a reader sees all or nothing.
 """
 
 from __future__ import annotations
@@ -12,12 +21,14 @@ import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 from clawr1.core.types import AdapterError
 
 MARKER = "STABLE"
+VERDICT, LATEST, CONTROL = "VERDICT", "LATEST", "CONTROL"
 _VERSION_DIR = re.compile(r"^v(\d+)$")
 
 
@@ -33,7 +44,17 @@ def read_marker(path: Path) -> dict[str, Any]:
     for required in ("adapter_config.json", "adapter_model.safetensors"):
         if not (Path(path) / required).is_file():
             raise AdapterError(f"adapter directory {path} lacks {required}")
-    return json.loads(marker.read_text())
+    return _marker_json(marker)
+
+
+def _marker_json(marker: Path) -> dict[str, Any]:
+    """A marker's content. One cut by a crash (written in place by clawr1 before markers were
+    replaced atomically: SIGKILL between its open and its write left it empty) is an incomplete
+    directory, refused as one: a `JSONDecodeError` would end the gateway's version watcher."""
+    try:
+        return json.loads(marker.read_text())
+    except ValueError as exc:
+        raise AdapterError(f"{marker} is not a complete marker ({exc}); not loading {marker.parent}") from exc
 
 
 def _fsync(path: Path) -> None:
@@ -59,14 +80,103 @@ def publish(peft_model: Any, root: Path, name: str, version: int) -> Path:
         nested.rmdir()
     for file in target.iterdir():
         _fsync(file)
-    (target / MARKER).write_text(json.dumps({"name": name, "version": version}))
-    _fsync(target / MARKER)
-    _fsync(target)
+    _fsync(target)  # the files' names too, before the marker can exist
+    # Atomically: written in place, a kill between the marker's open and its write left an empty
+    # STABLE that `latest()` took for a complete version and `read_marker` could not parse.
+    write_json(target / MARKER, {"name": name, "version": version})
+    write_json(Path(root) / name / LATEST, {"version": version})
     return target
 
 
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Replace `path` atomically: a temporary file, synced, renamed, then the directory synced."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data))
+    _fsync(tmp)
+    tmp.replace(path)
+    _fsync(path.parent)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+
+
+def newest(root: Path, name: str) -> tuple[int, Path] | None:
+    """The newest published version (one file read: `LATEST`); stores written before the pointer
+    existed are listed once (`latest`)."""
+    pointer = _read_json(Path(root) / name / LATEST)
+    if pointer is None:
+        return latest(root, name)
+    path = version_dir(root, name, int(pointer["version"]))
+    return (int(pointer["version"]), path) if (path / MARKER).is_file() else latest(root, name)
+
+
+def verdict(root: Path, name: str, version: int) -> dict[str, Any] | None:
+    """The guard's decision on a version: `{"status", "reason", "scores", "decided_at"}`, or None."""
+    return _read_json(version_dir(root, name, version) / VERDICT)
+
+
+def decide(root: Path, name: str, version: int, status: str, reason: str, scores: dict[str, Any]) -> None:
+    write_json(version_dir(root, name, version) / VERDICT,
+               {"status": status, "reason": reason, "scores": scores, "decided_at": time.time()})
+
+
+def control(root: Path, name: str) -> dict[str, Any]:
+    """The admin's controls: `pinned` (a version to serve whatever else is promoted, or None) and
+    `rollback` (`{"to": N, "id": ...}`: serve N and train on from it; the trainer keeps the ids it
+    applied)."""
+    return _read_json(Path(root) / name / CONTROL) or {"pinned": None, "rollback": None}
+
+
+def set_control(root: Path, name: str, **changes: Any) -> dict[str, Any]:
+    (Path(root) / name).mkdir(parents=True, exist_ok=True)
+    current = {**control(root, name), **changes}
+    write_json(Path(root) / name / CONTROL, current)
+    return current
+
+
+def published(root: Path, name: str) -> list[int]:
+    """Every complete version on disk, oldest first."""
+    folder = Path(root) / name
+    if not folder.is_dir():
+        return []
+    found = (_VERSION_DIR.match(child.name) for child in folder.iterdir())
+    return sorted(int(m.group(1)) for m in found if m and (version_dir(root, name, int(m.group(1))) / MARKER).is_file())
+
+
+def describe(root: Path, name: str) -> list[dict[str, Any]]:
+    """Every version on disk with its verdict and probe scores, oldest first (`clawr1 versions`,
+    the dashboard)."""
+    pinned = control(root, name).get("pinned")
+    rows = []
+    for version in published(root, name):
+        decided = verdict(root, name, version) or {}
+        probe = (decided.get("scores") or {}).get("candidate") or {}
+        rows.append({"version": version, "status": decided.get("status", "undecided"),
+                     "reason": decided.get("reason", ""), "decided_at": decided.get("decided_at"),
+                     **{k: probe.get(k) for k in ("sane_rate", "relevance", "fluency", "repetition", "kl", "entropy")},
+                     "pinned": pinned == version})
+    return rows
+
+
+def prune(root: Path, name: str, keep: int, protect: set[int]) -> list[int]:
+    """Remove all but the newest `keep` versions, sparing `protect` (the served one, a pinned one, a
+    rollback target); returns what was removed. The marker goes first, so a half-removed directory
+    is never loadable."""
+    versions = published(root, name)
+    removed = [v for v in versions[:-keep] if v not in protect] if keep > 0 else []
+    for version in removed:
+        path = version_dir(root, name, version)
+        (path / MARKER).unlink(missing_ok=True)
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
+
+
 def latest(root: Path, name: str) -> tuple[int, Path] | None:
-    """The newest complete version of adapter `name`, if any."""
+    """The newest complete version of adapter `name`, if any (lists the directory)."""
     best: tuple[int, Path] | None = None
     folder = Path(root) / name
     if not folder.is_dir():
@@ -94,9 +204,9 @@ def publish_weights(model: Any, root: Path, name: str, version: int, keep: int =
     model.save_pretrained(target, safe_serialization=True)
     for file in target.iterdir():
         _fsync(file)
-    (target / MARKER).write_text(json.dumps({"name": name, "version": version, "kind": "weights"}))
-    _fsync(target / MARKER)
     _fsync(target)
+    write_json(target / MARKER, {"name": name, "version": version, "kind": "weights"})  # atomically, as `publish`
+    write_json(Path(root) / name / LATEST, {"version": version})
     for child in sorted((Path(root) / name).iterdir()):
         match = _VERSION_DIR.match(child.name)
         if match and int(match.group(1)) <= version - keep:
@@ -109,4 +219,4 @@ def read_weights_marker(path: Path) -> dict[str, Any]:
     marker = Path(path) / MARKER
     if not marker.is_file() or not all((Path(path) / f).is_file() for f in WEIGHT_FILES):
         raise AdapterError(f"weights directory {path} is incomplete (no {MARKER} marker or files); not loading it")
-    return json.loads(marker.read_text())
+    return _marker_json(marker)

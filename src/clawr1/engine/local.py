@@ -112,7 +112,7 @@ class LocalEngine:
         self._pending = 0  # submitted but not yet finished, for backpressure
         self._seeds = random.Random()
         self._weights_version = 0
-        self._weights_pending: tuple[dict[str, torch.Tensor], int, Future] | None = None
+        self._weights_pending: tuple[dict[str, torch.Tensor], int, list[Future]] | None = None
         self._closed = False
         self.stats = collections.Counter()
         self._thread = threading.Thread(target=self._run, name="clawr1-engine", daemon=True)
@@ -185,15 +185,17 @@ class LocalEngine:
 
     async def load_weights(self, path: Path) -> int:
         """Full fine-tuning: the scheduler stops admitting, lets the running batch finish on the old
-        weights, copies the new ones in, and resumes; queued requests wait, none fail."""
+        weights, copies the new ones in, and resumes; queued requests wait, none fail.
+
+        A load queued while another still waits for the batch to drain joins it: the newest version
+        of the two is the one copied in (copying the older first would only be overwritten), and
+        every caller gets the version that was applied (or the error that stopped it)."""
+        if self._closed:
+            raise EngineFailure("the engine is closed")
         version = int(store.read_weights_marker(Path(path))["version"])
         state = await asyncio.to_thread(load_file, str(Path(path) / "model.safetensors"))
         future: Future = Future()
-
-        def queue_it() -> None:
-            self._weights_pending = (state, version, future)
-
-        self._commands.put(queue_it)
+        self._commands.put(lambda: self._queue_weights(state, version, future))
         return await asyncio.wrap_future(future)
 
     def weights_version(self) -> int:
@@ -271,6 +273,9 @@ class LocalEngine:
         for request in self._running + list(self._waiting):
             request.cancelled = True
             self._finish(request, "aborted")
+        if self._weights_pending is not None:  # its callers are answered too, never left waiting
+            _answer(self._weights_pending[2], error=EngineFailure("the engine closed before the weights were loaded"))
+            self._weights_pending = None
 
     def _drain(self, block: bool) -> None:
         """Run queued commands; wait for one only when there is nothing to decode."""
@@ -377,22 +382,37 @@ class LocalEngine:
             self._batch.keep(keep)
             self._running = [self._running[i] for i in keep]
 
+    def _queue_weights(self, state: dict[str, torch.Tensor], version: int, future: Future) -> None:
+        """On the scheduler thread: wait for the drain, merged with a load already waiting (the
+        newer version wins, both callers are answered)."""
+        waiters = [future]
+        if self._weights_pending is not None:
+            pending_state, pending_version, pending_waiters = self._weights_pending
+            waiters = pending_waiters + waiters
+            if pending_version > version:
+                state, version = pending_state, pending_version
+        self._weights_pending = (state, version, waiters)
+
     def _apply_weights(self) -> None:
-        state, version, future = self._weights_pending
+        state, version, waiters = self._weights_pending
         self._weights_pending = None
         try:
-            if self._slots.peft is not None:
-                raise AdapterError("LoRA adapters are loaded: full weights would change the base under them")
-            missing, unexpected = self._base.load_state_dict(state, strict=False)
-            tied = {"lm_head.weight"} if getattr(self._base.config, "tie_word_embeddings", False) else set()
-            if unexpected or set(missing) - tied:
-                raise AdapterError(f"the weights do not fit this model (missing {sorted(set(missing) - tied)[:3]}, "
-                                   f"unexpected {sorted(unexpected)[:3]})")
-            self._weights_version = version
-            self.stats["weight_swaps"] += 1
-            future.set_result(version)
-        except Exception as exc:  # delivered to the caller; serving goes on with the old weights
-            future.set_exception(exc)
+            self._copy_weights(state, version)
+        except Exception as exc:  # delivered to the callers; serving goes on with the old weights
+            _answer(waiters, error=exc)
+            return
+        _answer(waiters, version)
+
+    def _copy_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+        if self._slots.peft is not None:
+            raise AdapterError("LoRA adapters are loaded: full weights would change the base under them")
+        missing, unexpected = self._base.load_state_dict(state, strict=False)
+        tied = {"lm_head.weight"} if getattr(self._base.config, "tie_word_embeddings", False) else set()
+        if unexpected or set(missing) - tied:
+            raise AdapterError(f"the weights do not fit this model (missing {sorted(set(missing) - tied)[:3]}, "
+                               f"unexpected {sorted(unexpected)[:3]})")
+        self._weights_version = version
+        self.stats["weight_swaps"] += 1
 
     def _score(self, prompt_ids: list[int], completion_ids: list[int], key: str, temperature: float) -> list[float]:
         ids = torch.tensor([prompt_ids + completion_ids], device=self._base.device)
@@ -428,6 +448,17 @@ class LocalEngine:
         for key in [k for k in self._retired if k not in held and k not in live]:
             self._retired.discard(key)
             self._slots.release(key, in_use=(held | live | self._retired) - {BASE})
+
+
+def _answer(waiters: list[Future], version: int | None = None, error: BaseException | None = None) -> None:
+    """Resolve the futures of callers waiting on a weights load (one whose caller was cancelled, and
+    so its future too, is skipped: resolving it would raise in the scheduler thread)."""
+    for future in waiters:
+        if future.set_running_or_notify_cancel():
+            if error is None:
+                future.set_result(version)
+            else:
+                future.set_exception(error)
 
 
 def _as_list(value: Any) -> list[Any]:

@@ -114,7 +114,8 @@ def _run(main: Callable[[], Coroutine[Any, Any, None]], running: Future[None]) -
 
 
 def wait_judged(served: Served, session_ids: list[str], timeout_s: float) -> None:
-    """Until every main turn with a next state in these sessions carries a reward (0 included).
+    """Until every main turn with a next state in these sessions carries a reward (0 included) or
+    the judge gave up on it (`reward.max_judge_attempts`).
 
     Raises:
         TimeoutError: the judge did not get through them in time (it logs why it failed).
@@ -124,7 +125,8 @@ def wait_judged(served: Served, session_ids: list[str], timeout_s: float) -> Non
     while waiting:
         served.check()
         waiting = [s for s in waiting if any(t["turn_type"] == "main" and t["next_step_id"] and t["reward"] is None
-                                             and t["status"] == "pending" for t in _steps(served, s))]
+                                             and t["status"] == "pending" and t["judge_gave_up_at"] is None
+                                             for t in _steps(served, s))]
         if waiting and time.monotonic() > deadline:
             raise TimeoutError(f"{len(waiting)} sessions still have unjudged turns after {timeout_s:.0f} s "
                                f"(e.g. {waiting[0]}); is the judge failing? see the log")

@@ -105,6 +105,10 @@ def train_flow(config: Config, flow: AgentFlow, tasks: list[Task], *, group: int
     console = console or Console(stderr=True)
     rounds = rounds_of(tasks, epochs, steps, tasks_per_step)
     result = TrainFlowResult(new_run_id("wb"))
+    # Offline rounds are the flow's own traffic, in GRPO groups a probe set would break up, and the
+    # runner measures each version's success itself: every version is served for the next round.
+    config = config.model_copy(deep=True)
+    config.guard.enabled = False
     train_config = config.model_copy(deep=True)
     train_config.trainer.max_wait_s = 0.0  # a round's samples are all there: train now
     train_config.trainer.batch_size = MAX_BATCH  # the whole round in one step, groups intact

@@ -12,7 +12,7 @@ Out: content becomes a text block, tool calls become `tool_use` blocks (ids `too
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -21,7 +21,6 @@ from clawr1.core.types import Generation, ParsedCompletion, SamplingParams, Tool
 from clawr1.gateway.errors import APIError
 from clawr1.gateway.translated import text_content
 
-TOOL_CHOICES = ("auto", "any", "tool", "none")
 
 
 class AnthropicTool(BaseModel):
@@ -42,16 +41,31 @@ class AnthropicTool(BaseModel):
         return value
 
 
+class AnthropicMessage(BaseModel):
+    """A turn: a string, or content blocks (`text`, `tool_use` from the assistant, `tool_result`
+    from the user; each is checked in `_chat`)."""
+
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["user", "assistant"]
+    content: str | list[dict[str, Any]]
+
+
+class ToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = Field(None, max_length=128)
+
+
 class MessagesRequest(BaseModel):
     """What we read of `POST /v1/messages`; unknown fields (`metadata` included) are ignored."""
 
     model_config = ConfigDict(extra="ignore")
-    model: str = Field(min_length=1)
-    max_tokens: int = Field(ge=1)
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    model: str = Field(min_length=1, max_length=256)
+    max_tokens: int = Field(ge=1, le=1 << 24)
+    messages: list[AnthropicMessage] = Field(min_length=1, max_length=100_000)
     system: str | list[dict[str, Any]] | None = None
-    tools: list[AnthropicTool] | None = None
-    tool_choice: dict[str, Any] | None = None
+    tools: list[AnthropicTool] | None = Field(None, max_length=1024)
+    tool_choice: ToolChoice | None = None
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = None
@@ -71,10 +85,7 @@ class MessagesRequest(BaseModel):
     def chat_tools(self) -> list[dict[str, Any]] | None:
         """Tools in chat's shape, or None when there are none or `tool_choice` is `none`. `any` and
         `tool` are rendered like `auto`: the engine cannot force a call (chat's `required` neither)."""
-        kind = (self.tool_choice or {}).get("type", "auto")
-        if kind not in TOOL_CHOICES:
-            raise APIError(400, f"tool_choice.type must be one of {list(TOOL_CHOICES)}, got {kind!r}",
-                           param="tool_choice.type")
+        kind = self.tool_choice.type if self.tool_choice else "auto"
         if not self.tools or kind == "none":
             return None
         return [{"type": "function", "function": {"name": t.name, "parameters": t.input_schema,
@@ -87,7 +98,7 @@ class MessagesRequest(BaseModel):
         if any(system):
             out.append({"role": "system", "content": text_content(system)})
         for i, message in enumerate(self.messages):
-            out += _chat(message, f"messages.{i}")
+            out += _chat(message.model_dump(), f"messages.{i}")
         return out
 
 

@@ -1,12 +1,18 @@
-"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}`, never a traceback."""
+"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}`, never a traceback, and
+never a dropped connection: `CatchAll` answers whatever escapes a route (Starlette's own last
+resort re-raises after answering, and uvicorn then closes the keep-alive connection, so the
+client's next, valid, request would fail)."""
 
 from __future__ import annotations
 
+import json
 import logging
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from clawr1.core.types import EngineError
@@ -38,6 +44,34 @@ def error_response(status: int, message: str, **kw) -> JSONResponse:
     return JSONResponse(error_body(status, message, **kw), status_code=status)
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate(model: type[M], body: Any) -> M:
+    """`model` from a parsed body, or a 400 naming the most specific field that is wrong."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        first = max(exc.errors(include_url=False, include_input=False), key=lambda e: len(e["loc"]))
+        param = param_of(first["loc"])
+        raise APIError(400, f"{param or 'body'}: {first['msg']}", param=param, code="invalid_value") from exc
+
+
+def param_of(loc: tuple[Any, ...]) -> str | None:
+    """`messages[0].content`, as OpenAI names parameters: pydantic's location without the names of
+    union branches (`str`, `list[int]`, `function-after[...]`), which no field name looks like."""
+    out = ""
+    for p in loc:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif not ("[" in p or p in _BRANCHES):
+            out += f".{p}" if out else p
+    return out or None
+
+
+_BRANCHES = {"str", "int", "float", "bool", "dict", "list", "none", "NamedToolChoice", "literal"}
+
+
 def install(app: FastAPI) -> None:
     """Map every failure path to OpenAI's error shape."""
 
@@ -60,7 +94,44 @@ def install(app: FastAPI) -> None:
         code = "unknown_route" if exc.status_code == 404 else None
         return error_response(exc.status_code, str(exc.detail), code=code)
 
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error in the gateway")
-        return error_response(500, f"internal error ({type(exc).__name__}); see the server log", code="internal_error")
+
+
+class CatchAll:
+    """The innermost last resort: an exception that escapes a route is logged and answered 500 in
+    the route's shape (Anthropic's on `/v1/messages`), or, when the response had started, the
+    body is ended cleanly; nothing is re-raised to the server."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = {"started": False, "done": False}
+
+        async def tracked(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                state["started"] = True
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                state["done"] = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            log.exception("unhandled error in the gateway (%s %s)", scope.get("method"), scope.get("path"))
+            if state["done"]:
+                return
+            if state["started"]:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            message = f"internal error ({type(exc).__name__}); see the server log"
+            if scope.get("path", "").endswith("/v1/messages"):
+                body: dict[str, Any] = {"type": "error", "error": {"type": "api_error", "message": message}}
+            else:
+                body = error_body(500, message, code="internal_error")
+            data = json.dumps(body).encode()
+            await send({"type": "http.response.start", "status": 500, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+            await send({"type": "http.response.body", "body": data, "more_body": False})

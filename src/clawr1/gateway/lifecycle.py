@@ -14,8 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from clawr1.core.config import TENANT_NAME
 from clawr1.core.records import DEFAULT_TENANT
 from clawr1.datapool.base import UnknownSessionError, UnknownStepError
-from clawr1.gateway.app import Caller, Gateway
+from clawr1.gateway.service import Caller, Gateway
 from clawr1.gateway.errors import APIError
+from clawr1.gateway.schema import check_id, request_body
 from clawr1.gateway.sessions import new_session_key
 
 router = APIRouter()
@@ -26,7 +27,7 @@ class FeedbackRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     session_id: str | None = Field(None, min_length=1, max_length=256)
-    turn_index: int | None = Field(None, ge=0)
+    turn_index: int | None = Field(None, ge=0, le=2**31)
     """The turn it is about; default: the session's latest main turn."""
     completion_id: str | None = Field(None, min_length=1, max_length=256)
     """Instead of session + turn: the `id` of a chat completion (all its choices)."""
@@ -64,7 +65,7 @@ def _own(caller: Caller, session_id: str) -> None:
         raise APIError(403, "this session key belongs to another session", code="permission_denied")
 
 
-@router.post("/v1/feedback")
+@router.post("/v1/feedback", openapi_extra=request_body(FeedbackRequest))
 async def feedback(request: Request) -> dict[str, Any]:
     gw: Gateway = request.app.state.gateway
     caller = gw.authenticate(request)
@@ -88,10 +89,11 @@ async def feedback(request: Request) -> dict[str, Any]:
     return {"object": "feedback", "step_ids": step_ids, "reward": body.reward, "hint": bool(body.correction)}
 
 
-@router.post("/v1/sessions/{session_id}/close")
+@router.post("/v1/sessions/{session_id}/close", openapi_extra=request_body(CloseRequest))
 async def close(session_id: str, request: Request) -> dict[str, Any]:
     gw: Gateway = request.app.state.gateway
     caller = gw.authenticate(request)
+    check_id(session_id, "session_id")
     _own(caller, session_id)
     body = await gw.read(request, CloseRequest)
     weight = gw.config.reward.step_weight if body.step_weight is None else body.step_weight
@@ -108,7 +110,7 @@ async def close(session_id: str, request: Request) -> dict[str, Any]:
             "outcome_reward": body.outcome_reward, "step_weight": weight, "turns": turns}
 
 
-@router.post("/admin/sessions")
+@router.post("/admin/sessions", openapi_extra=request_body(NewSession))
 async def create_session(request: Request) -> dict[str, Any]:
     """A new session with its own API key: requests with that key belong to it, whatever they send.
     The key is shown once; the pool stores only its sha256."""

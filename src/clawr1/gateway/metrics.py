@@ -34,7 +34,7 @@ from clawr1.gateway.errors import APIError
 if TYPE_CHECKING:
     from clawr1.datapool.base import DataPool
     from clawr1.engine.base import GenerationStream
-    from clawr1.gateway.app import Gateway
+    from clawr1.gateway.service import Gateway
     from clawr1.reward.worker import RewardWorker
 
 # From a fake backend's ~1 ms to a CPU model's minutes-long reply.
@@ -142,6 +142,32 @@ class _Levels(Collector):
         yield hints
         yield CounterMetricFamily("clawr1_judge_errors", "Judge calls that failed (retried later)",
                                   value=counts["judge_errors"])
+        yield from _guard(gw.guard)
+
+
+def _guard(guard: Any) -> Iterator[Metric]:
+    """The guard's decisions and the probe quality of what each adapter serves (its verdict's
+    scores: sane rate, relevance, fluency, KL from the base, entropy), beside the base's own."""
+    if guard is None:
+        return
+    decisions = CounterMetricFamily("clawr1_guard_decisions", "Candidate versions the guard decided on",
+                                    labels=["decision"])
+    for decision, n in sorted(guard.decisions.items()):
+        decisions.add_metric([decision], n)
+    yield decisions
+    quality = GaugeMetricFamily("clawr1_served_quality", "Probe-set quality of the served version (who=served) "
+                                "and of the base model on the same probes (who=base)",
+                                labels=["adapter", "who", "measure"])
+    for line in guard.lines.values():
+        if line.probes is None:
+            continue
+        served = line.probes.summaries.get(line.served, line.probes.base if line.served == 0 else None)
+        for who, summary in (("served", served), ("base", line.probes.base)):
+            for measure in ("sane_rate", "relevance", "fluency", "repetition", "kl", "entropy"):
+                value = getattr(summary, measure, None) if summary is not None else None
+                if value is not None:
+                    quality.add_metric([line.name, who, measure], value)
+    yield quality
 
 
 class TimedStream:

@@ -39,14 +39,21 @@ class FunctionTool(BaseModel):
     strict: bool | None = None
 
 
+class FunctionChoice(BaseModel):
+    """`{"type": "function", "name": ...}`: rendered like `auto` (the engine cannot force a call)."""
+
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=64)
+
+
 class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    model: str = Field(min_length=1)
+    model: str = Field(min_length=1, max_length=256)
     input: str | list[dict[str, Any]]
     instructions: str | None = None
-    tools: list[FunctionTool] | None = None
-    tool_choice: Any = None
-    max_output_tokens: int | None = Field(None, ge=1)
+    tools: list[FunctionTool] | None = Field(None, max_length=1024)
+    tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
+    max_output_tokens: int | None = Field(None, ge=1, le=1 << 24)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     stream: bool = False
@@ -86,7 +93,7 @@ class ResponsesRequest(BaseModel):
         out: list[dict[str, Any]] = [{"role": "system", "content": self.instructions}] if self.instructions else []
         items = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
         for i, item in enumerate(items):
-            where = f"input.{i}"
+            where = f"input[{i}]"
             kind = item.get("type", "message") if isinstance(item, dict) else None
             if kind == "message":
                 role = item.get("role")
@@ -119,8 +126,8 @@ def _text(content: Any, where: str) -> str | list[dict[str, str]] | None:
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
-            raise _bad(f"{where}.{j}: content part of type {kind!r} is not supported by a text model "
-                       "(input_text / output_text)", f"{where}.{j}")
+            raise _bad(f"{where}[{j}]: content part of type {kind!r} is not supported by a text model "
+                       "(input_text / output_text)", f"{where}[{j}]")
         texts.append(part["text"])
     return text_content(texts)
 
@@ -179,10 +186,14 @@ def response_object(rid: str, req: ResponsesRequest, created_at: int, state: str
         "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "model": req.model,
         "output": output, "parallel_tool_calls": True, "previous_response_id": None, "store": False,
         "temperature": 1.0 if req.temperature is None else req.temperature,
-        "top_p": 1.0 if req.top_p is None else req.top_p, "tool_choice": req.tool_choice or "auto",
+        "top_p": 1.0 if req.top_p is None else req.top_p, "tool_choice": _choice(req.tool_choice),
         "tools": [t.model_dump(exclude_none=True) for t in req.tools or []], "text": {"format": {"type": "text"}},
         "truncation": "disabled", "metadata": {}, "usage": usage_,
     }
+
+
+def _choice(choice: str | FunctionChoice | None) -> Any:
+    return choice.model_dump() if isinstance(choice, FunctionChoice) else choice or "auto"
 
 
 class Events:

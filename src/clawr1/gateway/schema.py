@@ -1,13 +1,82 @@
-"""The OpenAI chat-completions wire format: request validation and response/chunk bodies."""
+"""The OpenAI chat-completions wire format: request validation and response/chunk bodies.
+
+Validation is whole and happens before admission: every message, content part, tool call and tool
+is typed here, so a malformed request is a 400 that never reaches the engine or the pool. Unknown
+fields are ignored, as OpenAI's SDKs expect; messages keep theirs (they are stored as sent).
+"""
 
 from __future__ import annotations
 
+import re
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, field_validator, model_validator
 
 from clawr1.core.types import Generation, ParsedCompletion, SamplingParams
+from clawr1.gateway.errors import APIError
+
+TEXT_PARTS = ("text", "input_text", "output_text")
+SEED = Field(None, ge=-(2**62), le=2**62)  # the engine's generator takes 64-bit seeds; n > 1 adds offsets
+MAX_TOKENS = 1 << 24  # beyond any context: the engine clamps to the room left
+
+
+def _content(value: Any) -> Any:
+    """A message's content: a string, null, or an array of text parts (a text model takes no other)."""
+    if value is None or isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise ValueError("content must be a string, null, or an array of text parts")
+    for i, part in enumerate(value):
+        if not isinstance(part, dict):
+            raise ValueError(f"content part {i} must be an object")
+        if part.get("type") not in TEXT_PARTS:
+            raise ValueError(f"content part {i} has type {part.get('type')!r}: a text model takes only "
+                             f"{' / '.join(TEXT_PARTS)} parts")
+        if not isinstance(part.get("text"), str):
+            raise ValueError(f"content part {i} needs a string `text`")
+    return value
+
+
+_TEXT_PART_SCHEMA = {"type": "object", "required": ["type", "text"],
+                     "properties": {"type": {"enum": list(TEXT_PARTS)}, "text": {"type": "string"}}}
+Content = Annotated[Any, PlainValidator(_content), WithJsonSchema(
+    {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": _TEXT_PART_SCHEMA}]})]
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1, max_length=256)
+    arguments: str | dict[str, Any] = "{}"
+    """A JSON string, as OpenAI sends it (an object is accepted too)."""
+
+
+class ToolCallIn(BaseModel):
+    """A tool call in an assistant message of the history."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str | None = Field(None, max_length=256)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(BaseModel):
+    """One message of the conversation. `developer` is rendered as `system`."""
+
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Content = None
+    name: str | None = Field(None, max_length=256)
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = Field(None, max_length=256)
+
+    @model_validator(mode="after")
+    def _per_role(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"a {self.role} message cannot carry tool_calls (only assistant messages do)")
+        if self.content is None and self.role in ("system", "developer", "user", "tool"):
+            raise ValueError(f"a {self.role} message needs content")
+        return self
 
 
 class FunctionDef(BaseModel):
@@ -23,6 +92,18 @@ class Tool(BaseModel):
     function: FunctionDef
 
 
+class NamedFunction(BaseModel):
+    name: str = Field(min_length=1, max_length=64)
+
+
+class NamedToolChoice(BaseModel):
+    """`{"type": "function", "function": {"name": ...}}`: rendered like `auto` (the engine cannot
+    force a call)."""
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
     include_usage: bool = False
@@ -32,22 +113,22 @@ class ChatRequest(BaseModel):
     """What we read of a request; unknown fields are ignored, as OpenAI does."""
 
     model_config = ConfigDict(extra="ignore")
-    model: str = Field(min_length=1)
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    tools: list[Tool] | None = None
-    tool_choice: Any = None
+    model: str = Field(min_length=1, max_length=256)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=100_000)
+    tools: list[Tool] | None = Field(None, max_length=1024)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    stop: str | list[str] | None = Field(None, max_length=4)
+    seed: int | None = SEED
     n: int = Field(1, ge=1, le=8)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=0, description="only 0: the engine returns the sampled token's logprob")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: str | None = Field(None, max_length=4096)
 
     @field_validator("stop")
     @classmethod
@@ -67,6 +148,39 @@ class ChatRequest(BaseModel):
             stop=tuple(self.stop or ()),
             seed=None if self.seed is None else self.seed + seed_offset,
         )
+
+
+_ID_OK = re.compile(r"^[^\x00-\x1f\x7f/]{1,256}$")
+
+
+def check_id(value: str, name: str) -> str:
+    """A session or prompt id a client names (path or header): 1-256 characters, no control
+    characters or slashes (they are stored, shown on the dashboard and used in paths)."""
+    if not _ID_OK.match(value):
+        raise APIError(400, f"{name} must be 1-256 characters without control characters or '/'",
+                       param=name, code="invalid_value")
+    return value
+
+
+REQUEST_MODELS: dict[str, type[BaseModel]] = {}  # published in /openapi.json (`app.py`)
+
+
+def request_body(model: type[BaseModel]) -> dict[str, Any]:
+    """`openapi_extra` for a route that reads its body itself (to bound size and depth before
+    parsing): the request schema FastAPI cannot see, by reference to the components."""
+    REQUEST_MODELS[model.__name__] = model
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
+
+
+def openapi_components() -> dict[str, Any]:
+    """The JSON schemas of every registered request model and the models they use."""
+    out: dict[str, Any] = {}
+    for name, model in REQUEST_MODELS.items():
+        body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        out.update(body.pop("$defs", {}))
+        out[name] = body
+    return out
 
 
 def fingerprint(version: int) -> str:
@@ -126,19 +240,19 @@ class CompletionRequest(BaseModel):
     """`POST /v1/completions`: a raw prompt (text or token ids) for white-box use, no chat template."""
 
     model_config = ConfigDict(extra="ignore")
-    model: str = Field(min_length=1)
-    prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int = Field(16, ge=1)  # OpenAI's default for this endpoint
+    model: str = Field(min_length=1, max_length=256)
+    prompt: str | list[Annotated[int, Field(ge=0)]] | list[str] | list[list[Annotated[int, Field(ge=0)]]]
+    max_tokens: int = Field(16, ge=1, le=MAX_TOKENS)  # OpenAI's default for this endpoint
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    stop: str | list[str] | None = Field(None, max_length=4)
+    seed: int | None = SEED
     n: int = Field(1, ge=1, le=8)
     logprobs: int | None = Field(None, ge=0, le=0, description="only 0: the sampled token's logprob, no alternatives")
     echo: bool = Field(False, description="not supported: the prompt is never repeated in the text")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: str | None = Field(None, max_length=4096)
     return_token_ids: bool = False
     """vLLM's extension: each choice also carries `prompt_token_ids` and `token_ids`."""
 

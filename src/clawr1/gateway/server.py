@@ -14,7 +14,8 @@ import uvicorn
 from clawr1.core.config import Config
 from clawr1.datapool import DataPool, open_pool
 from clawr1.engine import Engine, load_engine
-from clawr1.gateway.app import Gateway, create_app
+from clawr1.gateway.app import create_app
+from clawr1.gateway.service import Gateway
 
 log = logging.getLogger(__name__)
 

@@ -7,6 +7,7 @@ header id from yesterday) resumes after the pool's last stored turn.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import secrets
@@ -44,32 +45,52 @@ class SessionResolver:
 
     def resolve(self, tenant: str, messages: list[dict[str, Any]], headers: dict[str, str],
                 path_ids: tuple[str, str] | None = None, bound_session: str | None = None) -> Turn:
+        """`identify` then `number`, reading the pool's last turn in this thread when needed (the
+        gateway does that read off its event loop instead: `Gateway.resolve`)."""
+        who = self.identify(tenant, messages, headers, path_ids, bound_session)
+        last = self._last_turn(who.session_id, tenant) if self.needs_lookup(who) else None
+        return self.number(who, last)
+
+    def identify(self, tenant: str, messages: list[dict[str, Any]], headers: dict[str, str],
+                 path_ids: tuple[str, str] | None = None, bound_session: str | None = None) -> Turn:
+        """Which session and prompt a request belongs to, by the first rule that applies; the
+        returned turn's index is not assigned yet (-1)."""
         turn_type = headers.get("x-turn-type", "main").strip().lower()
         if turn_type not in ("main", "side"):
             turn_type = "main"
         done = headers.get("x-session-done", "").strip().lower() in ("1", "true", "yes")
-        with self._lock:
-            how: Literal["path", "header", "key", "matched", "new"]
-            if path_ids is not None:
-                session_id, prompt_id, how = path_ids[0], path_ids[1], "path"
-            elif headers.get("x-session-id"):
-                session_id, how = headers["x-session-id"], "header"
-                prompt_id = session_id
-            elif bound_session is not None:
-                session_id = prompt_id = bound_session
-                how = "key"
-            else:
+        how: Literal["path", "header", "key", "matched", "new"]
+        if path_ids is not None:
+            session_id, prompt_id, how = path_ids[0], path_ids[1], "path"
+        elif headers.get("x-session-id"):
+            session_id, how = headers["x-session-id"], "header"
+            prompt_id = session_id
+        elif bound_session is not None:
+            session_id = prompt_id = bound_session
+            how = "key"
+        else:
+            with self._lock:
                 match = self.matcher.find(tenant, messages) if messages else None
-                session_id, how = (match.session_id, "matched") if match else ("s-" + uuid.uuid4().hex[:16], "new")
-                prompt_id = session_id
-            key = (tenant, session_id)
+            session_id, how = (match.session_id, "matched") if match else ("s-" + uuid.uuid4().hex[:16], "new")
+            prompt_id = session_id
+        return Turn(tenant, session_id, prompt_id, -1, turn_type, done, how)  # type: ignore[arg-type]
+
+    def needs_lookup(self, who: Turn) -> bool:
+        """A session this process has not numbered yet (a restart, a header id from yesterday)
+        resumes after the pool's last stored turn."""
+        return who.how != "new" and (who.tenant, who.session_id) not in self._next_turn
+
+    def number(self, who: Turn, last: int | None) -> Turn:
+        """Hand out the next turn index at arrival, so interleaved requests keep their order;
+        `last` is the pool's last stored turn for a session not numbered here yet."""
+        key = (who.tenant, who.session_id)
+        with self._lock:
             index = self._next_turn.get(key)
             if index is None:
-                last = None if how == "new" else self._last_turn(session_id, tenant)
                 index = 0 if last is None else last + 1
             self._next_turn[key] = index + 1
             self._seen[key] = time.monotonic()
-        return Turn(tenant, session_id, prompt_id, index, turn_type, done, how)
+        return dataclasses.replace(who, turn_index=index)
 
     def record(self, turn: Turn, messages: list[dict[str, Any]], reply: dict[str, Any]) -> None:
         """After a main turn is served: its next request will start with these messages + reply."""

@@ -63,7 +63,7 @@ class ClassifierJudge:
     def load(cls, hint_min_chars: int = 20) -> ClassifierJudge:
         """Load MiniLM from its package and train on the shipped set; raises ModuleNotFoundError
         (with the pip command) when the package is missing."""
-        return cls(Embedder.load(), load_items("train"), hint_min_chars)
+        return cls(Embedder.shared(), load_items("train"), hint_min_chars)
 
     def classify(self, next_state: list[Message]) -> tuple[int, list[float]]:
         """(score, probabilities of -1, 0, +1). Blocking; ~10-40 ms on one core."""

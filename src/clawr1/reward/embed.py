@@ -30,6 +30,10 @@ def model_dir() -> Path | None:
     return None
 
 
+_SHARED: dict[str, Embedder] = {}
+_SHARED_LOCK = threading.Lock()
+
+
 class Embedder:
     """Texts -> L2-normalised 384-d vectors. ~10-40 ms for a short text on one CPU core."""
 
@@ -40,6 +44,14 @@ class Embedder:
         # A fast tokenizer raises "Already borrowed" when two threads pad at once; the judge runs
         # forward passes in worker threads, so calls take turns.
         self._lock = threading.Lock()
+
+    @classmethod
+    def shared(cls) -> Embedder:
+        """One embedder per process: the classifier judge and the quality meter share it (~90 MB)."""
+        with _SHARED_LOCK:
+            if "embedder" not in _SHARED:
+                _SHARED["embedder"] = cls.load()
+            return _SHARED["embedder"]
 
     @classmethod
     def load(cls) -> Embedder:

@@ -5,6 +5,12 @@ It polls the pool for unrewarded turns with a linked next state, judges up to
 request's path), and stores each result as a reward (votes, raw outputs and evidence kept) and,
 for OPD methods, a hint. A 0 score stays PENDING (masked, never trained) unless a hint makes the
 sample useful for distillation.
+
+A turn whose judging fails (the judge server is down, a rule crashes on it) is recorded as a failed
+attempt and tried again after a backoff; after `reward.max_judge_attempts` the pool gives up on it,
+with the last error as the reason, so one poisoned turn is not retried forever. With several
+workers (Ray judge actors), each asks the pool for its own shard's turns only: a stuck shard never
+fills another worker's page.
 """
 
 from __future__ import annotations
@@ -13,7 +19,6 @@ import asyncio
 import collections
 import json
 import logging
-import zlib
 
 from clawr1.core.config import Config
 from clawr1.core.records import Hint, Reward, Step
@@ -23,13 +28,14 @@ from clawr1.reward.factory import make_judge, votes_for
 from clawr1.reward.types import Judge, Judgement
 
 log = logging.getLogger(__name__)
+MAX_ERROR_CHARS = 500  # of a failed attempt's error kept on the sample: enough to see why, small rows
 
 
 class RewardWorker:
     def __init__(self, pool: DataPool, engine: Engine | None, config: Config, judge: Judge | None = None,
                  shard: tuple[int, int] = (0, 1)):
         """`shard = (i, n)`: with n workers on one pool (Ray judge actors), this one judges the
-        turns whose step id hashes to i, so no turn is judged twice."""
+        turns of shard i (`DataPool.unjudged`), so no turn is judged twice."""
         self.pool, self.config, self.engine = pool, config, engine
         self.shard = shard
         self.judge = judge  # built in `run`, off the event loop: serving starts without waiting for it
@@ -47,9 +53,8 @@ class RewardWorker:
         running: dict[str, asyncio.Task] = {}
         while True:
             if len(running) < limit:
-                waiting = await asyncio.to_thread(self.pool.unjudged, limit * 2)
-                mine = [s for s in waiting if zlib.crc32(s.encode()) % self.shard[1] == self.shard[0]]
-                fresh = [s for s in mine if s not in running][: limit - len(running)]
+                waiting = await asyncio.to_thread(self.pool.unjudged, limit * 2, self.shard)
+                fresh = [s for s in waiting if s not in running][: limit - len(running)]
                 if fresh:
                     for step in await asyncio.to_thread(self.pool.get_steps, fresh):
                         running[step.step_id] = asyncio.create_task(self.judge_step(step))
@@ -65,10 +70,26 @@ class RewardWorker:
                     log.error("judging %s failed: %r", step_id, task.exception())
 
     async def judge_step(self, step: Step) -> Judgement:
+        """Judge one turn and store the result; a failure is recorded on the turn, then re-raised."""
         assert self.judge is not None, "run() builds the judge"
-        judgement = await self.judge.judge(step.messages, step.text, step.next_state or [], self.m, self.want_hint)
-        await self.store(step.step_id, judgement)
+        try:
+            judgement = await self.judge.judge(step.messages, step.text, step.next_state or [], self.m, self.want_hint)
+            await self.store(step.step_id, judgement)
+        except Exception as error:
+            await self.failed(step.step_id, error)
+            raise
         return judgement
+
+    async def failed(self, step_id: str, error: Exception) -> None:
+        """Record a failed attempt; the pool retries the turn after a backoff, or gives up on it
+        after `reward.max_judge_attempts`, keeping this error as the reason."""
+        rc = self.config.reward
+        reason = f"{type(error).__name__}: {error}"[:MAX_ERROR_CHARS]
+        gave_up = await asyncio.to_thread(self.pool.judge_failed, step_id, reason, rc.max_judge_attempts,
+                                          rc.judge_retry_s)
+        if gave_up:
+            self.counts["judge_gave_up"] += 1
+            log.error("gave up judging %s after %d attempts; last error: %s", step_id, rc.max_judge_attempts, reason)
 
     async def store(self, step_id: str, j: Judgement) -> None:
         evidence = json.dumps({"evidence": j.evidence, "raw": j.raw, "hint_raw": j.hint_raw,

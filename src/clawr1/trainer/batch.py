@@ -1,4 +1,8 @@
-"""From leased samples to the per-token tensors the objectives take."""
+"""From leased samples to the per-token tensors the objectives take.
+
+The RL advantage of a sample depends on the others (its GRPO group, the reward baseline), so it is
+computed once per batch (`rl_advantages`), before the batch is cut into micro-batches (`prepare`).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,14 @@ import torch
 from clawr1.core.config import TrainerConfig
 from clawr1.core.messages import text_of
 from clawr1.core.records import Step
-from clawr1.trainer.losses import combine_advantage, grpo_normalise, opd_advantage
+from clawr1.trainer.losses import (
+    advantage_signs,
+    combine_advantage,
+    ema_update,
+    online_advantages,
+    opd_advantage,
+    singletons,
+)
 from clawr1.trainer.policy import Policy, Rows, pack
 
 HINT_PREFIX = "\n\n[Hint from what happened next] "
@@ -22,6 +33,7 @@ class TrainSample:
     reward: float | None  # the latest reward; None or 0 gives no RL signal
     weight: float = 1.0  # below 1 for stale samples under `stale_policy = "downweight"`
     hint: str | None = None
+    lease_id: str | None = None  # the lease it came in (acknowledged after the version trained on it)
 
 
 def with_hint(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:
@@ -40,11 +52,27 @@ class Prepared:
     behaviour: torch.Tensor  # [B, K] the engine's sampled logprobs, right-aligned
     advantage: torch.Tensor  # [B, K]
     mask: torch.Tensor  # [B, K]: reply tokens of samples with a signal
-    stats: dict[str, float]
+    sampled: torch.Tensor  # [B, K]: the tokens of `mask` whose behaviour logprob the engine stored
+    stats: dict[str, float]  # counts: they add up over micro-batches
 
 
-def prepare(policy: Policy, samples: list[TrainSample], config: TrainerConfig) -> Prepared:
-    """Advantages per token for `config.method`; samples without a usable signal are masked."""
+def rl_advantages(samples: list[TrainSample], config: TrainerConfig, baseline: float) -> tuple[torch.Tensor, float]:
+    """The RL advantage of each sample of a batch (0 without a reward), and the reward baseline
+    after it: GRPO within groups of 2+ (same prompt id); a singleton gets r - baseline (with
+    `config.baseline = "ema"`, else r), negatives times `config.negative_weight`. The batch is
+    judged against the baseline from before it; then its online rewards, in order, update it."""
+    raw = torch.tensor([s.reward or 0.0 for s in samples])
+    groups = [s.step.prompt_id for s in samples]
+    use = baseline if config.baseline == "ema" else 0.0
+    advantage = online_advantages(raw, groups, use, config.negative_weight) * (raw != 0)
+    if config.baseline == "ema":
+        baseline = ema_update(baseline, raw[singletons(groups) & (raw != 0)], config.baseline_decay)
+    return advantage, baseline
+
+
+def prepare(policy: Policy, samples: list[TrainSample], config: TrainerConfig, rl: torch.Tensor) -> Prepared:
+    """Advantages per token for `config.method` (`rl`: each sample's RL advantage, from
+    `rl_advantages` over the whole batch); samples without a usable signal are masked."""
     steps = [s.step for s in samples]
     rows = pack([s.prompt_ids for s in steps], [s.token_ids for s in steps], [s.temperature for s in steps],
                 policy.pad_id)
@@ -54,7 +82,6 @@ def prepare(policy: Policy, samples: list[TrainSample], config: TrainerConfig) -
         if step.logprobs:
             behaviour[i, k - len(step.logprobs):] = torch.tensor(step.logprobs)
     raw = torch.tensor([s.reward or 0.0 for s in samples])
-    rl = grpo_normalise(raw, [s.prompt_id for s in steps])
     has_rl = raw != 0
     has_hint = torch.tensor([bool(s.hint) for s in samples])
     opd = torch.zeros(len(steps), k)
@@ -69,10 +96,11 @@ def prepare(policy: Policy, samples: list[TrainSample], config: TrainerConfig) -
         usable = has_rl | has_hint
     weight = torch.tensor([s.weight for s in samples])
     mask = rows.mask * usable[:, None].float()
-    stats = {"samples": float(len(samples)), "usable": float(usable.sum()), "hint_rate": float(has_hint.float().mean()),
-             "reward_mean": float(raw[has_rl].mean()) if has_rl.any() else 0.0,
-             "tokens": float(mask.sum())}
-    return Prepared(rows, behaviour, advantage * weight[:, None], mask, stats)
+    advantage = advantage * weight[:, None]
+    has_logprobs = torch.tensor([bool(s.logprobs) for s in steps])
+    stats = {"samples": float(len(samples)), "usable": float(usable.sum()), "tokens": float(mask.sum()),
+             "reply_tokens": float(rows.mask.sum()), **advantage_signs(advantage * mask, rows.mask)}
+    return Prepared(rows, behaviour, advantage, mask, mask * has_logprobs[:, None].float(), stats)
 
 
 @torch.no_grad()
@@ -86,6 +114,9 @@ def _opd(policy: Policy, samples: list[TrainSample], rows: Rows, behaviour: torc
     teacher_rows = pack(prompts, replies, [samples[i].step.temperature for i in index], policy.pad_id)
     if config.teacher == "base":
         with policy.adapter_off():
+            teacher = policy.logprobs(teacher_rows)
+    elif config.teacher == "ema":
+        with policy.ema_weights():
             teacher = policy.logprobs(teacher_rows)
     else:
         teacher = policy.logprobs(teacher_rows)

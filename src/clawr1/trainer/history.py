@@ -14,6 +14,17 @@ from pathlib import Path
 from typing import Any
 
 METRICS_FILE = Path("trainer") / "metrics.jsonl"
+
+# Per-version drift metrics (`Trainer.loss`/`train_step`), beside the learning ones: a policy that
+# wins its reward by degenerate output shows it here first.
+DRIFT_FIELDS = (
+    "entropy",  # the policy's mean per-token entropy over reply positions (nats, whole vocabulary)
+    "kl_base",  # KL(policy || base) per reply token over the whole vocabulary, before the update
+    "kl_sampler",  # KL(sampler || learner) on the sampled tokens: off-policy data, or an engine/trainer mismatch
+    "adv_pos_frac", "adv_neg_frac", "adv_zero_frac",  # shares of reply tokens by advantage sign
+    "reward_baseline",  # the online rewards' moving average (`trainer.baseline = "ema"`)
+    "lr",  # the learning rate of the step (`trainer.warmup_steps`)
+)
 log = logging.getLogger(__name__)
 
 

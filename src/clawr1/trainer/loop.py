@@ -1,30 +1,34 @@
-"""The trainer loop, top to bottom: lease -> prepare -> forward/backward -> step -> publish v+1 ->
-checkpoint -> ack.
+"""The trainer loop, top to bottom: lease -> prepare -> forward/backward (accumulated over leases
+until the version is due) -> step -> publish v+1 -> checkpoint -> ack -> the guard's verdict.
 
-Exactly-once training across crashes: the checkpoint records the lease it trained on, and is
-written before the ack. A crash before the checkpoint loses that step's update, and the lease
-expires and returns its samples, so they are trained (once) again. A crash after it: resuming
-acks that lease first, so its samples are never trained twice.
+Exactly-once training across crashes: the checkpoint records the leases a version trained on, and
+is written before their acks. A crash before the checkpoint loses that step's update, and the
+leases expire and return their samples, so they are trained (once) again. A crash after it:
+resuming acks those leases first, so their samples are never trained twice.
+
+The guard (`guarded.py`): each published LoRA version is a candidate; the trainer waits for the
+verdict, and a rejected version is undone (weights and optimizer back to the incumbent's).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from clawr1.core.config import Config, public_dump
+from clawr1.core.config import Config, TrainerConfig, public_dump
 from clawr1.core.records import adapter_name
 from clawr1.datapool.base import DataPool
 from clawr1.engine import adapters
 from clawr1.engine.models import resolve_model
-from clawr1.trainer import checkpoint, history
-from clawr1.trainer.batch import Prepared, TrainSample, prepare
-from clawr1.trainer.losses import kl_to_reference, ppo_loss
-from clawr1.trainer.policy import Policy, pack
+from clawr1.trainer import checkpoint, guarded, history
+from clawr1.trainer.batch import Prepared, TrainSample, prepare, rl_advantages
+from clawr1.trainer.losses import entropy_band, kl_to_reference, masked_mean, ppo_loss, vocab_entropy, vocab_kl
+from clawr1.trainer.policy import Policy, pack, token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +54,15 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=self.tc.lr, weight_decay=self.tc.weight_decay)
         self.step_count = 0
         self.version = 0  # the newest version of this adapter published (0 = base model)
+        # The guard decides each LoRA version; the trainer waits for it and undoes a rejected one.
+        self.guarded = config.guard.enabled and self.tc.finetune == "lora"
+        self.promoted = 0  # the incumbent: the newest promoted version (0 = the base model)
+        self.rollbacks: list[str] = []  # the admin rollbacks already applied (ids)
         self.history = history.MetricsLog(self.root, self.tc.wandb_project, public_dump(config), tenant)
         if resume:
             self.resume()
+        if self.guarded and not (guarded.promoted_path(self.root, tenant) / "state.json").is_file():
+            self.keep_promoted()  # the state to fall back to: the initial LoRA, or what a resume restored
 
     # ---- persistence ---------------------------------------------------------------------------
     def resume(self) -> None:
@@ -60,90 +70,218 @@ class Trainer:
         published = adapters.latest(self.adapter_root, self.adapter)
         if state is not None:
             self.step_count, self.version = state["step"], state["version"]
-            if state.get("lease_id"):
-                self.pool.ack(state["lease_id"])  # trained and checkpointed: never train it again
+            self.promoted, self.rollbacks = state.get("promoted", self.version), state.get("rollbacks", [])
+            self.reward_baseline = state.get("reward_baseline", 0.0)
+            for lease_id in state.get("lease_ids", [state["lease_id"]] if state.get("lease_id") else []):
+                self.pool.ack(lease_id)  # trained and checkpointed: never train it again
         # A version published after the last checkpoint (crash in between) keeps its number.
         self.version = max(self.version, published[0] if published else 0)
 
     # ---- one step ------------------------------------------------------------------------------
-    def ready(self) -> bool:
+    accumulated: Accumulated | None = None  # the version being accumulated (`train_step`); None: no gradients kept
+    reward_baseline: float = 0.0  # the online rewards' moving average (`trainer.baseline`), to checkpoint
+
+    def ready(self) -> int:
+        """How many samples to lease now; 0: nothing to do yet.
+
+        Without `trainer.min_samples`: a whole batch, once `batch_size` samples are READY or the
+        oldest waited `max_wait_s`. With it: whatever is READY, up to the room left in the version
+        being accumulated; and that room also when nothing is READY but the version is due
+        (`version_due`), so that `train_step` steps it."""
         self.pool.expire_leases()  # a crashed trainer's lease returns its samples here
         count, oldest = self.pool.ready_state(self.tenant)
-        return count >= self.tc.batch_size or (count > 0 and time.time() - oldest >= self.tc.max_wait_s)
+        if self.tc.min_samples is None:
+            due = count >= self.tc.batch_size or (count > 0 and time.time() - oldest >= self.tc.max_wait_s)
+            return self.tc.batch_size if due else 0
+        acc = self.accumulated
+        if count == 0 and (acc is None or not version_due(acc, self.tc, self.config.pool.lease_seconds)):
+            return 0
+        return self.tc.batch_size - (len(acc.samples) if acc else 0)
 
     def run_once(self) -> dict[str, Any] | None:
-        """Train on one leased batch if one is due; returns the step's metrics."""
-        if not self.ready():
+        """Lease what is due, accumulate its gradients, and once the version is due (`min_samples`
+        or `max_wait_s`): step, publish v+1, checkpoint, ack every lease it trained on, and wait for
+        the guard's verdict. Returns that version's metrics (None while nothing was published)."""
+        if self.guarded:
+            self.apply_rollback()
+        wanted = self.ready()
+        if not wanted:
             return None
         self.policy.activate(self.adapter)  # another tenant's trainer may have used the shared base
-        lease = self.pool.lease(self.tc.batch_size, current_version=self.version, tenant=self.tenant)
-        if not lease.step_ids:
-            return None
+        lease = self.pool.lease(wanted, current_version=self.version, tenant=self.tenant)
         started = time.perf_counter()
-        samples = self.load(lease)
-        metrics = self.train_step(samples)
+        metrics = self.train_step(self.load(lease))
+        if metrics is None:  # still accumulating (or nothing came): gradients kept, nothing acked
+            return None
         self.version += 1
         t = time.perf_counter()
         self.publish(self.policy.model, self.adapter_root, self.adapter, self.version)
         metrics["publish_s"] = time.perf_counter() - t
-        checkpoint.save(checkpoint.path_of(self.root, self.tenant), self.policy, self.optimizer,
-                        {"step": self.step_count, "version": self.version, "lease_id": lease.lease_id})
-        self.pool.ack(lease)
-        metrics.update(version=self.version, lease=len(lease), lease_id=lease.lease_id,
-                       total_s=time.perf_counter() - started,
-                       staleness=sum(self.version - 1 - s.policy_version for s in lease.samples) / len(lease))
+        self.save(metrics["lease_ids"])  # checkpoint first, then the acks: exactly once across crashes
+        for lease_id in metrics["lease_ids"]:
+            self.pool.ack(lease_id)
+        metrics.update(version=self.version, lease=int(metrics["samples"]),
+                       lease_id=metrics["lease_ids"][0] if metrics["lease_ids"] else None)
+        if self.guarded:  # the candidate waits for the guard; a rejected one is undone
+            t = time.perf_counter()
+            metrics.update(self.await_verdict())
+            metrics["verdict_s"] = time.perf_counter() - t
+        metrics["pruned"] = len(adapters.prune(self.adapter_root, self.adapter, self.tc.keep_versions,
+                                               guarded.protected(self.adapter_root, self.adapter, self.promoted)))
+        metrics["total_s"] = time.perf_counter() - started
         self.log(metrics)
         return metrics
 
+    # ---- the guard's verdicts ------------------------------------------------------------------
+    def save(self, lease_ids: list[str] | tuple[str, ...] = ()) -> None:
+        checkpoint.save(checkpoint.path_of(self.root, self.tenant), self.policy, self.optimizer,
+                        {"step": self.step_count, "version": self.version, "lease_ids": list(lease_ids),
+                         "promoted": self.promoted, "rollbacks": self.rollbacks,
+                         "reward_baseline": self.reward_baseline})
+
+    def keep_promoted(self) -> None:
+        """The current state is the incumbent's: what a rejected version rolls back to."""
+        checkpoint.save(guarded.promoted_path(self.root, self.tenant), self.policy, self.optimizer,
+                        {"step": self.step_count, "version": self.promoted})
+
+    def restore_promoted(self) -> None:
+        state = checkpoint.load(guarded.promoted_path(self.root, self.tenant), self.policy, self.optimizer)
+        if state is None:
+            raise RuntimeError("no promoted checkpoint to roll back to")
+
+    def await_verdict(self) -> dict[str, Any]:
+        """Wait for the guard's verdict on the version just published: promoted, it becomes the
+        incumbent; rejected, the policy and optimizer go back to the incumbent's state."""
+        verdict = guarded.wait_for_verdict(self.adapter_root, self.adapter, self.version,
+                                           self.config.guard.decision_timeout_s, self.tc.poll_s)
+        status = verdict["status"] if verdict else "undecided"
+        if status == "promoted":
+            self.promoted = self.version
+            self.keep_promoted()
+            self.save()
+        elif status == "rejected":
+            self.restore_promoted()
+            self.save()
+            log.warning("v%d rejected by the guard (%s); training on from v%d", self.version, verdict["reason"],
+                        self.promoted)
+        return {"verdict": status, "promoted": self.promoted}
+
+    def apply_rollback(self) -> None:
+        """An admin's `clawr1 rollback N` (the adapter's `CONTROL`): train on from version N."""
+        request = adapters.control(self.adapter_root, self.adapter).get("rollback")
+        if not request or request.get("id") in self.rollbacks:
+            return
+        to = int(request["to"])
+        self.accumulated = None  # a version in the making is dropped: its leases expire and come back
+        self.optimizer.zero_grad(set_to_none=True)
+        if to == self.promoted:
+            self.restore_promoted()
+        elif to == 0:
+            guarded.zero_adapter(self.policy)
+            self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=self.tc.lr,
+                                               weight_decay=self.tc.weight_decay)
+        else:  # an older version: its weights are on disk, its optimizer moments are not
+            guarded.load_published(self.policy, adapters.version_dir(self.adapter_root, self.adapter, to), self.adapter)
+            self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=self.tc.lr,
+                                               weight_decay=self.tc.weight_decay)
+        self.promoted = to
+        self.rollbacks.append(request["id"])
+        self.keep_promoted()
+        self.save()
+        log.warning("rolled back to v%d by an admin; the next version is v%d", to, self.version + 1)
+
     def load(self, lease: Any) -> list[TrainSample]:
+        """The lease's samples with their rewards and hints, each tagged with the lease: the version
+        that trains on them lists it (`lease_ids`) to acknowledge after its checkpoint."""
+        if not lease.step_ids:
+            return []
         steps = self.pool.get_steps(lease.step_ids)
         hints = self.pool.hints(lease.step_ids)
-        return [TrainSample(step, sample.reward, sample.weight, hints.get(step.step_id))
+        return [TrainSample(step, sample.reward, sample.weight, hints.get(step.step_id), lease.lease_id)
                 for step, sample in zip(steps, lease.samples, strict=True)]
 
-    def train_step(self, samples: list[TrainSample]) -> dict[str, Any]:
-        """One optimizer step on a batch, in micro-batches whose losses sum to the batch's
-        token-mean objective."""
-        t0 = time.perf_counter()
-        micro = [prepare(self.policy, samples[i:i + self.tc.micro_batch], self.tc)
-                 for i in range(0, len(samples), self.tc.micro_batch)]
-        t1 = time.perf_counter()
-        total = sum(float(m.mask.sum()) for m in micro)
-        sums: dict[str, float] = {"loss": 0.0, "ratio": 0.0, "clip_frac": 0.0, "kl": 0.0, "adv_mean": 0.0}
-        self.optimizer.zero_grad(set_to_none=True)
-        for m in micro:
-            if m.mask.sum() == 0:
-                continue
-            share = float(m.mask.sum()) / total
-            loss, stats = self.loss(m)
-            (loss * share).backward()
-            sums["loss"] += loss.item() * share
-            for key in ("ratio", "clip_frac", "kl", "adv_mean"):
-                sums[key] += float(stats[key]) * share
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.tc.grad_clip)) if total else 0.0
-        if total:
+    def train_step(self, samples: list[TrainSample]) -> dict[str, Any] | None:
+        """Forward/backward on `samples`, adding to the gradients kept since the last optimizer step;
+        then, once a version is due (`version_due`), that step. Returns the step's metrics, or None
+        while the version accumulates (only with `trainer.min_samples`: without it every call with
+        samples is one step).
+
+        Each micro-batch's loss is its token mean, backpropagated times its token count, and the sum
+        is divided by the total before the step: the step follows the token mean over everything
+        accumulated, however it was cut into micro-batches and leases."""
+        if samples:
+            if self.accumulated is None:
+                self.optimizer.zero_grad(set_to_none=True)
+                self.accumulated = Accumulated(opened=time.time())
+            acc = self.accumulated
+            rl, self.reward_baseline = rl_advantages(samples, self.tc, self.reward_baseline)  # batch-wide
+            for i in range(0, len(samples), self.tc.micro_batch):
+                t0 = time.perf_counter()
+                m = prepare(self.policy, samples[i:i + self.tc.micro_batch], self.tc, rl[i:i + self.tc.micro_batch])
+                t1 = time.perf_counter()
+                if m.stats["tokens"]:
+                    loss, stats = self.loss(m)
+                    (loss * m.stats["tokens"]).backward()
+                    acc.add(stats, m.stats["tokens"])
+                acc.count(m.stats)
+                acc.prepare_s, acc.train_s = acc.prepare_s + t1 - t0, acc.train_s + time.perf_counter() - t1
+            acc.samples += samples
+        acc = self.accumulated
+        if acc is None or not version_due(acc, self.tc, self.config.pool.lease_seconds):
+            return None
+
+        self.accumulated = None
+        t = time.perf_counter()
+        grad_norm, lr = 0.0, scheduled_lr(self.tc, self.step_count + 1)
+        if acc.tokens:
+            for param in self.policy.parameters():
+                if param.grad is not None:
+                    param.grad.div_(acc.tokens)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.tc.grad_clip))
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
             self.optimizer.step()
+            if self.tc.teacher == "ema":
+                self.policy.update_ema(self.tc.ema_decay)
         self.step_count += 1
-        t2 = time.perf_counter()
-        stats = {key: sum(m.stats[key] for m in micro) for key in ("samples", "usable", "tokens")}
-        rewarded = [s.reward for s in samples if s.reward]
-        return {"step": self.step_count, **sums, "grad_norm": grad_norm, **stats,
-                "reward_mean": sum(rewarded) / len(rewarded) if rewarded else 0.0,
-                "hint_rate": sum(1 for s in samples if s.hint) / len(samples),
-                "prepare_s": t1 - t0, "train_s": t2 - t1, "tokens_per_s": stats["tokens"] / max(t2 - t0, 1e-9)}
+        acc.train_s += time.perf_counter() - t
+        return {"step": self.step_count, **acc.metrics(), "grad_norm": grad_norm, "lr": lr,
+                "reward_baseline": self.reward_baseline,
+                "staleness": sum(self.version - s.step.policy_version for s in acc.samples) / len(acc.samples)}
 
     def loss(self, m: Prepared) -> tuple[torch.Tensor, dict[str, float]]:
-        logp = self.policy.logprobs(m.rows)
+        """A micro-batch's objective (token means over `m.mask`) and its drift metrics, measured on
+        the policy before the update: the PPO surrogate, plus the entropy band (`entropy_coef`) and
+        the KL penalty to the base model (`kl_coef`, measured by `kl_estimator`).
+
+        Metrics: `entropy` and `kl_base` (KL(policy || base)), both per token over the whole
+        vocabulary; `kl_sampler`, KL(sampler || learner) on the sampled tokens (the logprobs the
+        engine stored against the learner's: more than ~0 on fresh samples means off-policy data or
+        a mismatch between the engine's maths and the trainer's); `kl`, the penalty's KL (0 when off)."""
+        distributions = self.policy.distributions(m.rows)  # [B, K, V]; log_softmax keeps it for backward anyway
+        logp = token_logprobs(distributions, m.rows)
         loss, stats = ppo_loss(logp, m.behaviour, m.advantage, m.mask, self.tc.eps_low, self.tc.eps_high)
+        with torch.set_grad_enabled(self.tc.entropy_coef > 0):
+            entropy = masked_mean(vocab_entropy(distributions), m.mask)
+        if self.tc.entropy_coef > 0:
+            loss = loss + self.tc.entropy_coef * entropy_band(entropy, self.tc.entropy_min, self.tc.entropy_max)
+        metrics = {"ratio": float(stats["ratio"]), "clip_frac": float(stats["clip_frac"]),
+                   "adv_mean": float(masked_mean(m.advantage, m.mask)), "entropy": entropy.item(),
+                   "kl_sampler": float(kl_to_reference(m.behaviour, logp.detach(), m.sampled))}
         kl = torch.zeros(())
-        if self.tc.kl_coef > 0:
+        if self.policy.has_base:  # always with LoRA; full fine-tuning keeps the base only for kl_coef / teacher
             with torch.no_grad(), self.policy.adapter_off():
-                reference = self.policy.logprobs(m.rows)
-            kl = kl_to_reference(logp, reference, m.mask)
-            loss = loss + self.tc.kl_coef * kl
-        adv = float((m.advantage * m.mask).sum() / m.mask.sum().clamp(min=1))
-        return loss, {"ratio": float(stats["ratio"]), "clip_frac": float(stats["clip_frac"]), "kl": float(kl),
-                      "adv_mean": adv}
+                reference = self.policy.distributions(m.rows)
+            full = self.tc.kl_estimator == "full"
+            with torch.set_grad_enabled(full and self.tc.kl_coef > 0):  # else the base is freed right here
+                kl_base = masked_mean(vocab_kl(distributions, reference), m.mask)
+            metrics["kl_base"] = kl_base.item()
+            if self.tc.kl_coef > 0:
+                kl = kl_base if full else kl_to_reference(logp, token_logprobs(reference, m.rows), m.mask)
+                loss = loss + self.tc.kl_coef * kl
+            del reference
+        metrics.update(loss=loss.item(), kl=kl.item())
+        return loss, metrics
 
     @torch.no_grad()
     def sequence_logprob(self, prompt_ids: list[int], reply_ids: list[int], temperature: float = 1.0) -> float:
@@ -162,3 +300,65 @@ class Trainer:
         while not stop.is_set():
             if self.run_once() is None:
                 stop.wait(self.tc.poll_s)
+
+
+# ---- helpers of `train_step` ---------------------------------------------------------------------
+@dataclass
+class Accumulated:
+    """A version in the making: the samples whose gradients the adapter's `.grad` holds since the
+    last optimizer step, and their metrics so far."""
+
+    opened: float  # time.time() of its first samples: `max_wait_s` counts from here
+    samples: list[TrainSample] = field(default_factory=list)
+    counts: dict[str, float] = field(default_factory=dict)  # `prepare`'s counts, summed
+    sums: dict[str, float] = field(default_factory=dict)  # the loss's metrics times training tokens, summed
+    prepare_s: float = 0.0
+    train_s: float = 0.0
+
+    @property
+    def tokens(self) -> float:
+        """Training tokens: the denominator of the token mean."""
+        return self.counts.get("tokens", 0.0)
+
+    def add(self, metrics: dict[str, float], tokens: float) -> None:
+        for key, value in metrics.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value * tokens
+
+    def count(self, counts: dict[str, float]) -> None:
+        for key, value in counts.items():
+            self.counts[key] = self.counts.get(key, 0.0) + value
+
+    def metrics(self) -> dict[str, Any]:
+        """Token means of the loss's metrics, the counts, the advantage signs as fractions of the
+        reply tokens (a token of a sample without a signal has advantage 0), and the leases."""
+        means = {key: value / self.tokens for key, value in self.sums.items()} if self.tokens else {}
+        counts, reply = self.counts, max(self.counts.get("reply_tokens", 0.0), 1.0)
+        rewarded = [s.reward for s in self.samples if s.reward]
+        lease_ids = list(dict.fromkeys(s.lease_id for s in self.samples if s.lease_id))
+        return {"loss": 0.0, "ratio": 0.0, "clip_frac": 0.0, "kl": 0.0, "adv_mean": 0.0, **means,
+                "samples": counts.get("samples", 0.0), "usable": counts.get("usable", 0.0), "tokens": self.tokens,
+                "adv_pos_frac": counts.get("adv_pos", 0.0) / reply, "adv_neg_frac": counts.get("adv_neg", 0.0) / reply,
+                "adv_zero_frac": counts.get("adv_zero", 0.0) / reply,
+                "reward_mean": sum(rewarded) / len(rewarded) if rewarded else 0.0,
+                "hint_rate": sum(1 for s in self.samples if s.hint) / max(len(self.samples), 1),
+                "prepare_s": self.prepare_s, "train_s": self.train_s,
+                "tokens_per_s": self.tokens / max(self.prepare_s + self.train_s, 1e-9),
+                "lease_ids": lease_ids, "leases": len(lease_ids), "accumulated_s": time.time() - self.opened}
+
+
+def version_due(acc: Accumulated, config: TrainerConfig, lease_seconds: float, now: float | None = None) -> bool:
+    """Whether the accumulated version steps now: always without `min_samples`; with it, once it
+    has `min_samples` samples, or has been open `max_wait_s`, or half the lease time (its first
+    lease must not expire, and its samples come back to be trained twice, while it waits)."""
+    if config.min_samples is None:
+        return True
+    age = (time.time() if now is None else now) - acc.opened
+    return len(acc.samples) >= config.min_samples or age >= config.max_wait_s or age >= lease_seconds / 2
+
+
+def scheduled_lr(config: TrainerConfig, step: int) -> float:
+    """The learning rate of optimizer step `step` (1, 2, ...): linear warmup over `warmup_steps`,
+    then constant."""
+    if config.warmup_steps and step < config.warmup_steps:
+        return config.lr * step / config.warmup_steps
+    return config.lr

@@ -3,11 +3,22 @@
 Every function takes a `mask` (1 = a reply token that trains) so padding and masked samples cost
 nothing. Losses are token-level means over the unmasked tokens of the whole batch (DAPO-style),
 so a long reply does not count less per token than a short one.
+
+The trust region and the drift metrics look at the whole vocabulary at each reply position
+(`vocab_kl`, `vocab_entropy` on [..., V] log-probabilities): a sampled-token estimate (`kl_to_reference`)
+sees only where the policy put its samples, not where the probability it took from them went.
+Both are autograd functions that keep nothing for the backward pass but their inputs (the policy's
+log-probabilities, which `log_softmax` keeps anyway, and the reference's), and work in chunks of
+positions, so no further [B, K, V] tensor is alive between the forward and the backward pass.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+
+CHUNK_ELEMENTS = 1 << 24  # positions x vocabulary per chunk of the vocabulary sums (64 MB of float32)
 
 
 def grpo_normalise(rewards: torch.Tensor, groups: list[str], eps: float = 1e-6) -> torch.Tensor:
@@ -20,6 +31,35 @@ def grpo_normalise(rewards: torch.Tensor, groups: list[str], eps: float = 1e-6) 
             r = rewards[index].float()
             out[index] = (r - r.mean()) / (r.std(unbiased=False) + eps)
     return out
+
+
+def singletons(groups: list[str]) -> torch.Tensor:
+    """[n] bool: the samples alone in their group (online traffic: one reply per prompt)."""
+    count: dict[str, int] = {}
+    for g in groups:
+        count[g] = count.get(g, 0) + 1
+    return torch.tensor([count[g] == 1 for g in groups], dtype=torch.bool)
+
+
+def online_advantages(rewards: torch.Tensor, groups: list[str], baseline: float,
+                      negative_weight: float) -> torch.Tensor:
+    """RL advantage per sample. Groups of 2+ are GRPO-normalised (`grpo_normalise`, unchanged); a
+    singleton gets `r - baseline`, times `negative_weight` where that is negative. A lone sample's
+    raw reward says only "more" or "less" of what was sampled; against a baseline a batch of mostly
+    -1 stops pushing every sampled token down, and `negative_weight` < 1 lets the rarer +1 samples
+    (which say where the probability should go) weigh more than the -1 ones."""
+    out = grpo_normalise(rewards, groups)
+    alone = singletons(groups)
+    centred = rewards.float() - baseline
+    centred = torch.where(centred < 0, centred * negative_weight, centred)
+    return torch.where(alone, centred, out)
+
+
+def ema_update(value: float, samples: torch.Tensor, decay: float) -> float:
+    """An exponential moving average after `samples`, in order: v <- decay * v + (1 - decay) * x."""
+    for x in samples.tolist():
+        value = decay * value + (1 - decay) * x
+    return value
 
 
 def opd_advantage(teacher: torch.Tensor, behaviour: torch.Tensor, bound: float) -> torch.Tensor:
@@ -58,6 +98,98 @@ def ppo_loss(logp: torch.Tensor, behaviour: torch.Tensor, advantage: torch.Tenso
 
 def kl_to_reference(logp: torch.Tensor, reference: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The k3 estimator of KL(pi_theta || pi_ref) on sampled tokens: exp(d) - d - 1, d = ref - logp;
-    non-negative, unbiased, and low-variance (Schulman's approximation)."""
+    non-negative, unbiased, and low-variance (Schulman's approximation).
+
+    With the roles swapped, `kl_to_reference(behaviour, logp, mask)` estimates KL(sampler || learner)
+    on the tokens the sampler drew: the sampler-vs-learner mismatch."""
     d = reference - logp
     return masked_mean(torch.exp(d) - d - 1, mask)
+
+
+def vocab_kl(logp: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) = sum_v p_v (log p_v - log q_v) at each position, over the whole vocabulary.
+
+    `logp`, `reference`: [..., V] log-probabilities (log_softmax outputs); returns [...]. Exact
+    gradients for both (the reference is usually a constant: the base model under no_grad)."""
+    return _VocabKL.apply(logp, reference)
+
+
+def vocab_entropy(logp: torch.Tensor) -> torch.Tensor:
+    """H(p) = -sum_v p_v log p_v at each position; `logp` [..., V] log-probabilities, returns [...]."""
+    return _VocabEntropy.apply(logp)
+
+
+def entropy_band(entropy: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """A penalty that is zero while the mean entropy is inside [low, high] and grows linearly
+    outside: relu(low - H) + relu(H - high). A floor keeps the policy from collapsing onto one
+    reply; a ceiling from spreading into word salad; neither pushes inside the band."""
+    return torch.relu(low - entropy) + torch.relu(entropy - high)
+
+
+def advantage_signs(advantage: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """How many of the `mask` tokens have a positive, a negative and a zero advantage (counts)."""
+    on = mask > 0
+    return {"adv_pos": float((advantage[on] > 0).sum()), "adv_neg": float((advantage[on] < 0).sum()),
+            "adv_zero": float((advantage[on] == 0).sum())}
+
+
+def _chunks(rows: int, vocab: int) -> list[slice]:
+    step = max(1, CHUNK_ELEMENTS // max(vocab, 1))
+    return [slice(i, min(i + step, rows)) for i in range(0, rows, step)]
+
+
+class _VocabKL(torch.autograd.Function):
+    """f(l, r) = sum_v exp(l_v) (l_v - r_v); df/dl = p (l - r + 1), df/dr = -p. Through log_softmax's
+    backward the first becomes p (log p - log q - KL), the familiar gradient of the KL in logits."""
+
+    @staticmethod
+    def forward(ctx: Any, logp: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+        v = logp.shape[-1]
+        flat_p, flat_r = logp.reshape(-1, v), reference.reshape(-1, v)
+        out = torch.empty(flat_p.shape[0], dtype=logp.dtype, device=logp.device)
+        for s in _chunks(flat_p.shape[0], v):
+            out[s] = (flat_p[s].exp() * (flat_p[s] - flat_r[s])).sum(-1)
+        ctx.save_for_backward(logp, reference)
+        return out.reshape(logp.shape[:-1])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        logp, reference = ctx.saved_tensors
+        v = logp.shape[-1]
+        flat_p, flat_r, flat_g = logp.reshape(-1, v), reference.reshape(-1, v), grad.reshape(-1, 1)
+        want_p, want_r = ctx.needs_input_grad
+        grad_p = torch.empty_like(flat_p) if want_p else None
+        grad_r = torch.empty_like(flat_r) if want_r else None
+        for s in _chunks(flat_p.shape[0], v):
+            p = flat_p[s].exp() * flat_g[s]
+            if grad_p is not None:
+                grad_p[s] = p * (flat_p[s] - flat_r[s] + 1)
+            if grad_r is not None:
+                grad_r[s] = -p
+        return (grad_p.reshape(logp.shape) if grad_p is not None else None,
+                grad_r.reshape(reference.shape) if grad_r is not None else None)
+
+
+class _VocabEntropy(torch.autograd.Function):
+    """f(l) = -sum_v exp(l_v) l_v; df/dl = -p (l + 1), which log_softmax's backward turns into
+    -p (log p + H)."""
+
+    @staticmethod
+    def forward(ctx: Any, logp: torch.Tensor) -> torch.Tensor:
+        v = logp.shape[-1]
+        flat = logp.reshape(-1, v)
+        out = torch.empty(flat.shape[0], dtype=logp.dtype, device=logp.device)
+        for s in _chunks(flat.shape[0], v):
+            out[s] = -(flat[s].exp() * flat[s]).sum(-1)
+        ctx.save_for_backward(logp)
+        return out.reshape(logp.shape[:-1])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (logp,) = ctx.saved_tensors
+        v = logp.shape[-1]
+        flat, flat_g = logp.reshape(-1, v), grad.reshape(-1, 1)
+        out = torch.empty_like(flat)
+        for s in _chunks(flat.shape[0], v):
+            out[s] = -flat[s].exp() * (flat[s] + 1) * flat_g[s]
+        return out.reshape(logp.shape)

@@ -1,9 +1,14 @@
 """The trainable policy: the served base model plus a LoRA adapter named `policy` (peft), and the
-one computation every objective needs: per-token logprobs of given reply tokens.
+one computation every objective needs: log-probabilities at the reply positions, over the whole
+vocabulary (`distributions`: the full KL and the entropy) or of the given reply tokens (`logprobs`).
 
 Logits are computed only for reply positions (`logits_to_keep`): the prompt's positions would
 cost a [tokens x 49k vocab] matrix each for nothing. Rows are left-padded so every reply ends at
 the right edge, which is what `logits_to_keep` keeps.
+
+Two other models come from the same weights without a second copy of the base: the base itself
+(`adapter_off`), and the EMA teacher (`ema_weights`: the trained tensors trade places with their
+moving average, which `update_ema` keeps after each optimizer step).
 """
 
 from __future__ import annotations
@@ -72,6 +77,8 @@ class Policy:
         self.seed = config.seed
         self.full = config.finetune == "full"
         self._reference: Any = None
+        self.ema = config.teacher == "ema"
+        self._ema: dict[str, dict[str, torch.Tensor]] = {}  # adapter -> its trained tensors' moving average
         if self.full:  # every weight trains; the base stays only where something compares with it
             self.model = base
             if config.kl_coef > 0 or config.teacher == "base":
@@ -101,6 +108,11 @@ class Policy:
     def named_trainable(self) -> dict[str, torch.Tensor]:
         return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
 
+    @property
+    def has_base(self) -> bool:
+        """Whether `adapter_off()` can give the base model (always with LoRA)."""
+        return not self.full or self._reference is not None
+
     @contextlib.contextmanager
     def adapter_off(self) -> Iterator[None]:
         """The base model: the adapter switched off, or (full fine-tuning) the kept original."""
@@ -116,12 +128,61 @@ class Policy:
         finally:
             self.model = model
 
-    def logprobs(self, rows: Rows) -> torch.Tensor:
-        """[B, K] logprobs of `rows.targets` under the temperature each reply was sampled at."""
+    def distributions(self, rows: Rows) -> torch.Tensor:
+        """[B, K, V] log-probabilities over the vocabulary at each reply position, under the
+        temperature each reply was sampled at (the distributions the engine sampled from)."""
         out = self.model(input_ids=rows.input_ids, attention_mask=rows.attention_mask,
                          position_ids=rows.position_ids, logits_to_keep=rows.keep, use_cache=False)
         logits = out.logits[:, :-1].float() / rows.temperature[:, None, None]
-        return torch.log_softmax(logits, dim=-1).gather(-1, rows.targets.unsqueeze(-1)).squeeze(-1)
+        return torch.log_softmax(logits, dim=-1)
+
+    def logprobs(self, rows: Rows) -> torch.Tensor:
+        """[B, K] logprobs of `rows.targets` under the temperature each reply was sampled at."""
+        return token_logprobs(self.distributions(rows), rows)
+
+    # ---- the EMA teacher (`trainer.teacher = "ema"`) ----------------------------------------------
+    def _ema_shadow(self) -> dict[str, torch.Tensor]:
+        """The active adapter's moving average, started from its current weights on first use."""
+        key = "full" if self.full else self.model.active_adapter
+        if key not in self._ema:
+            self._ema[key] = {n: p.detach().clone() for n, p in self.named_trainable().items()}
+        return self._ema[key]
+
+    @torch.no_grad()
+    def update_ema(self, decay: float) -> None:
+        """ema <- decay * ema + (1 - decay) * weights, for the active adapter (after an optimizer step)."""
+        shadow = self._ema_shadow()
+        for name, param in self.named_trainable().items():
+            shadow[name].lerp_(param.detach(), 1 - decay)
+
+    @contextlib.contextmanager
+    def ema_weights(self) -> Iterator[None]:
+        """The active adapter with its moving average in place of its weights (for no-grad
+        forwards): the tensors trade places and trade back, nothing is copied."""
+        params, shadow = self.named_trainable(), self._ema_shadow()
+
+        def swap() -> None:
+            for name, param in params.items():
+                param.data, shadow[name] = shadow[name], param.data
+
+        swap()
+        try:
+            yield
+        finally:
+            swap()
+
+    def named_state(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint keeps: the trainable tensors, and with the EMA teacher their moving
+        average (as `ema.<name>`); loading copies into these same tensors."""
+        state = self.named_trainable()
+        if self.ema:
+            state.update({f"ema.{name}": t for name, t in self._ema_shadow().items()})
+        return state
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         return self.chat.render(messages, tools)
+
+
+def token_logprobs(distributions: torch.Tensor, rows: Rows) -> torch.Tensor:
+    """[B, K] the reply tokens' log-probabilities, picked from [B, K, V] `distributions`."""
+    return distributions.gather(-1, rows.targets.unsqueeze(-1)).squeeze(-1)

@@ -32,7 +32,8 @@ class TenantTrainers:
 
     def run_once(self) -> dict[str, Any] | None:
         """One step for the next tenant (in turn) whose batch is due; its metrics carry `tenant`."""
-        tenants = self.pool.ready_tenants()
+        # Tenants with READY samples, and those whose version in the making may be due by time.
+        tenants = sorted({*self.pool.ready_tenants(), *(t for t, tr in self.trainers.items() if tr.accumulated)})
         for i in range(len(tenants)):
             tenant = tenants[(self._next + i) % len(tenants)]
             metrics = self.trainer(tenant).run_once()

@@ -15,16 +15,21 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clawr1.core.records import DEFAULT_TENANT
+from clawr1.engine import adapters as store
 from clawr1.trainer.history import MetricsTail
 
 if TYPE_CHECKING:
-    from clawr1.gateway.app import Gateway
+    from clawr1.gateway.service import Gateway
 
 # Trainer metrics shown per version (the log has more: see `clawr1/trainer/loop.py`).
-TRAINED_FIELDS = ("loss", "reward_mean", "hint_rate", "clip_frac", "kl", "grad_norm", "tokens_per_s", "total_s")
+TRAINED_FIELDS = ("loss", "reward_mean", "hint_rate", "clip_frac", "kl", "grad_norm", "tokens_per_s", "total_s",
+                  "entropy", "kl_base", "sampler_kl", "verdict")
+# The guard's verdict on each version, with the probe quality it was judged on (`engine/adapters.py`).
+GUARD_FIELDS = ("status", "reason", "sane_rate", "relevance", "fluency", "kl", "entropy")
 
 
 def _median(values: list[float]) -> float | None:
@@ -32,13 +37,15 @@ def _median(values: list[float]) -> float | None:
 
 
 def versions(served: list[dict[str, Any]], trained: list[dict[str, Any]],
-             ready: dict[str, list[float]]) -> list[dict[str, Any]]:
-    """One row per policy version: what served it (pool) joined with what trained it (trainer log)."""
+             ready: dict[str, list[float]], verdicts: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """One row per policy version: what served it (pool) joined with what trained it (trainer log)
+    and what the guard decided of it (its verdict and probe quality: `probe_*`)."""
     by_served = {row["version"]: row for row in served}
     by_trained = {m["version"]: m for m in trained if "version" in m}
+    by_verdict = {v["version"]: v for v in verdicts or []}
     rows = []
-    for version in sorted({0, *by_served, *by_trained}):
-        s, m = by_served.get(version, {}), by_trained.get(version, {})
+    for version in sorted({0, *by_served, *by_trained, *by_verdict}):
+        s, m, g = by_served.get(version, {}), by_trained.get(version, {}), by_verdict.get(version, {})
         judged = s.get("approved", 0) + s.get("corrected", 0)
         row: dict[str, Any] = {
             "version": version, "published_at": m.get("time"), "trained_on": m.get("lease"),
@@ -47,8 +54,9 @@ def versions(served: list[dict[str, Any]], trained: list[dict[str, Any]],
             "approved": s.get("approved", 0), "corrected": s.get("corrected", 0),
             "preference_score": s["approved"] / judged if judged else None,
             "first_served_at": s.get("first_served_at"), "latency_s": None, "latency_max_s": None, "publish_s": None,
+            **{f"probe_{key}": g.get(key) for key in GUARD_FIELDS},
         }
-        times = ready.get(m.get("lease_id") or "", [])
+        times = [t for lease in _leases(m) for t in ready.get(lease, [])]
         if times and row["first_served_at"] is not None:
             waits = [row["first_served_at"] - t for t in times]
             row["latency_s"], row["latency_max_s"] = _median(waits), max(waits)
@@ -58,18 +66,24 @@ def versions(served: list[dict[str, Any]], trained: list[dict[str, Any]],
     return rows
 
 
+def _leases(metrics: dict[str, Any]) -> list[str]:
+    """The leases a version trained on (several when it accumulated small ones)."""
+    return list(metrics.get("lease_ids") or ([metrics["lease_id"]] if metrics.get("lease_id") else []))
+
+
 def judge_counts(gw: Gateway) -> dict[str, Any]:
     """The reward workers' tallies under `clawr1 up` (empty under `clawr1 serve`)."""
     outcomes: dict[str, int] = {}
-    hints = errors = 0
+    hints = errors = gave_up = 0
     for worker in gw.metrics.judges:
         for (score, source), n in worker.outcomes.items():
             key = f"{score:+d} {source}" if score else f"0 {source}"
             outcomes[key] = outcomes.get(key, 0) + n
         hints += worker.counts["hints"]
         errors += worker.counts["judge_errors"]
+        gave_up += worker.counts["judge_gave_up"]
     return {"running": bool(gw.metrics.judges), "outcomes": dict(sorted(outcomes.items())), "hints": hints,
-            "errors": errors}
+            "errors": errors, "gave_up": gave_up}
 
 
 def trainer_log(logs: dict[str | None, MetricsTail], gw: Gateway, tenant: str) -> MetricsTail:
@@ -89,7 +103,7 @@ def summary(gw: Gateway, logs: dict[str | None, MetricsTail], tenant: str | None
     served_to = tenant or DEFAULT_TENANT
     adapter = gw.adapter_of(served_to)
     trained = trainer_log(logs, gw, served_to).read()
-    ready = pool.lease_ready_times([m["lease_id"] for m in trained if m.get("lease_id")])
+    ready = pool.lease_ready_times([lease for m in trained for lease in _leases(m)])
     # With per-tenant adapters, a version number means something only within one tenant's line.
     serving = pool.versions(served_to if gw.per_tenant else tenant)
     return {
@@ -104,7 +118,9 @@ def summary(gw: Gateway, logs: dict[str | None, MetricsTail], tenant: str | None
                               for at, name, v, s in gw.swaps if tenant is None or name == adapter][-20:]},
         "pool": pool.stats(tenant),
         "judge": judge_counts(gw),
-        "versions": versions(serving, trained, ready),
+        "versions": versions(serving, trained, ready, store.describe(Path(gw.config.data_dir) / "adapters", adapter)),
+        "control": store.control(Path(gw.config.data_dir) / "adapters", adapter),
+        "guard": gw.config.guard.model_dump() if gw.guard is not None else None,
         "sessions": pool.sessions(limit=sessions, tenant=tenant),
         "samples": pool.samples(limit=samples, tenant=tenant),
     }
@@ -112,7 +128,8 @@ def summary(gw: Gateway, logs: dict[str | None, MetricsTail], tenant: str | None
 
 def session(gw: Gateway, session_id: str, tenant: str | None) -> dict[str, Any]:
     """One session, every turn with what the judge saw and decided: the request's last user
-    message, the reply, the next state, rewards with votes and evidence, hints, the sample's fate."""
+    message, the reply, the next state, rewards with votes and evidence, hints, failed judging
+    attempts (and the give-up, with its reason), the sample's fate."""
     shown = gw.pool.show(session_id, tenant)
     if shown["kind"] != "session":
         raise KeyError(f"no session {session_id!r}")

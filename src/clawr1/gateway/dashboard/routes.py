@@ -14,7 +14,9 @@ import asyncio
 import hashlib
 import hmac
 import re
+import uuid
 from importlib import resources
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qs
 
@@ -22,6 +24,8 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 
 from clawr1.core.config import TENANT_NAME
+from clawr1.core.records import DEFAULT_TENANT
+from clawr1.engine import adapters as store
 from clawr1.gateway.dashboard import data, views
 from clawr1.gateway.errors import APIError
 
@@ -120,6 +124,33 @@ async def logout() -> Response:
     response = RedirectResponse("/dashboard", 303)
     response.delete_cookie(COOKIE, path="/dashboard")
     return response
+
+
+@router.post("/dashboard/versions")
+async def version_action(request: Request) -> Response:
+    """The admin's levers on the versions panel: pin a version, or roll back to it (what `clawr1
+    pin N` and `clawr1 rollback N` do; the guard and the trainer apply them within a poll)."""
+    kind = access(request)
+    if kind in ("login", "disabled"):
+        return _refused(kind)
+    raw = await request.body()
+    if len(raw) > 4096:
+        return _html(views.missing_page("that form was too large"), 413)
+    form = {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace")).items()}
+    gw = request.app.state.gateway
+    tenant = form.get("tenant") or None
+    version = form.get("version", "")
+    if form.get("action") not in ("pin", "unpin", "rollback") or not (version.isdigit() or form["action"] == "unpin") \
+            or (tenant is not None and not re.match(TENANT_NAME, tenant)):
+        return _html(views.missing_page("not a version action"), 400)
+    root, name = Path(gw.config.data_dir) / "adapters", gw.adapter_of(tenant or DEFAULT_TENANT)
+    if form["action"] != "unpin" and int(version) != 0 and int(version) not in store.published(root, name):
+        return _html(views.missing_page(f"{name} v{version} is not on disk"), 404)
+    if form["action"] == "rollback":
+        await asyncio.to_thread(store.set_control, root, name, rollback={"to": int(version), "id": uuid.uuid4().hex})
+    else:
+        await asyncio.to_thread(store.set_control, root, name, pinned=int(version) if form["action"] == "pin" else None)
+    return RedirectResponse("/dashboard" + (f"?tenant={tenant}" if tenant else ""), 303)
 
 
 @router.get("/dashboard/panels")

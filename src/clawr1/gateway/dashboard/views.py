@@ -79,10 +79,18 @@ def overview(s: dict[str, Any]) -> str:
         ("in flight / writes queued", f"{gw['inflight']} / {gw['pending_writes']}"),
         ("swaps (last load)", f"{len(gw['swaps'])}" + (f" ({last['load_s'] * 1000:.0f} ms)" if last else "")),
     ])
+    decided = [r["probe_status"] for r in s["versions"] if r["probe_status"]]
+    if s.get("guard") is not None:
+        last = next((r for r in reversed(s["versions"]) if r["probe_status"]), None)
+        said = (f'; last: v{last["version"]} {escape(last["probe_status"])} ({escape(last["probe_reason"])})'
+                if last else "")
+        pinned = (s.get("control") or {}).get("pinned")
+        cards += (f'<p class="note">guard: {decided.count("promoted")} promoted, {decided.count("rejected")} rejected'
+                  f'{said}{f"; pinned to v{pinned}" if pinned is not None else ""}</p>')
     if judge["running"]:
         outcomes = ", ".join(f"{escape(k)}: {n}" for k, n in judge["outcomes"].items()) or "nothing judged yet"
         cards += (f'<p class="note">judge: {outcomes}; hints accepted {judge["hints"]}; '
-                  f'errors {judge["errors"]}</p>')
+                  f'errors {judge["errors"]}; turns given up on {judge["gave_up"]}</p>')
     else:
         cards += '<p class="note">no judge in this process (`clawr1 serve`): rewards come from feedback and closes</p>'
     return cards
@@ -98,25 +106,54 @@ def curves(s: dict[str, Any]) -> str:
         Series("served turns", points("mean_reward"), "s1"),
         Series("trainer batch", points("reward_mean"), "s2"),
     ], x_label="policy version", y_range=(-1.0, 1.0))
-    preference = line_chart("Preference score by policy version", [
+    # Every learning number beside its quality number: a score won by nonsense shows as a falling
+    # sane rate on the same chart (the guard's probe replies of each candidate, rejected ones too).
+    preference = line_chart("Preference score and quality by policy version", [
         Series("approved / judged", points("preference_score"), "s3"),
+        Series("sane probe replies", points("probe_sane_rate"), "s1"),
     ], x_label="policy version", y_range=(0.0, 1.0))
+    drift = line_chart("Drift from the base model", [
+        Series("probe KL (nats/token)", points("probe_kl"), "s4"),
+        Series("trainer KL to base", points("kl_base"), "s2"),
+        Series("trainer entropy", points("entropy"), "s3"),
+    ], x_label="policy version")
     latency = line_chart("Feedback-to-serving latency", [
         Series("median", points("latency_s"), "s4"),
         Series("to publish", points("publish_s"), "s2"),
     ], x_label="policy version", y_unit=" s")
-    return f'<div class="charts">{reward}{preference}{latency}</div>'
+    return f'<div class="charts">{reward}{preference}{drift}{latency}</div>'
 
 
 def versions(s: dict[str, Any]) -> str:
-    rows = [[f"v{r['version']}", _t(r["published_at"]), _n(r["trained_on"]), _n(r["loss"], "+.4f"),
-             _reward(r["reward_mean"]), _n(r["hint_rate"], ".0%"), _n(r["clip_frac"], ".2f"), _n(r["kl"], ".3g"),
-             _n(r["tokens_per_s"], ".1f"), str(r["turns"]), _reward(r["mean_reward"]),
-             _n(r["preference_score"], ".2f"), _n(r["latency_s"], ".1f", " s"), _t(r["first_served_at"])]
-            for r in reversed(s["versions"])]
-    return _table(["version", "published", "trained on", "loss", "batch reward", "hints", "clip", "KL", "tok/s",
-                   "turns served", "reward", "preference", "feedback→serving", "first served"], rows,
-                  "no versions yet", "numbers")
+    limit = (s.get("guard") or {}).get("max_kl")
+    pinned = (s.get("control") or {}).get("pinned")
+    rows = []
+    for r in reversed(s["versions"]):
+        status = r["probe_status"] or ("base" if r["version"] == 0 else "")
+        runaway = limit is not None and r["probe_kl"] is not None and r["probe_kl"] > limit
+        rows.append([f"v{r['version']}" + (" (pinned)" if pinned == r["version"] else ""),
+                     f'<span class="verdict {escape(status)}" title="{escape(r["probe_reason"] or "")}">'
+                     f"{escape(status)}</span>",
+                     _n(r["probe_sane_rate"], ".2f"), _n(r["probe_relevance"], ".2f"), _n(r["probe_fluency"], ".2f"),
+                     f'<span class="{"runaway" if runaway else ""}">{_n(r["probe_kl"], ".3g")}</span>',
+                     _n(r["entropy"], ".3g"), _t(r["published_at"]), _n(r["trained_on"]), _n(r["loss"], "+.4f"),
+                     _reward(r["reward_mean"]), _n(r["hint_rate"], ".0%"), _n(r["clip_frac"], ".2f"),
+                     str(r["turns"]), _reward(r["mean_reward"]), _n(r["preference_score"], ".2f"),
+                     _n(r["latency_s"], ".1f", " s"), _t(r["first_served_at"]), _actions(s, r["version"])])
+    return _table(["version", "guard", "probe sane", "relevance", "fluency", "probe KL", "entropy", "published",
+                   "trained on", "loss", "batch reward", "hints", "clip", "turns served", "reward", "preference",
+                   "feedback→serving", "first served", ""], rows, "no versions yet", "numbers")
+
+
+def _actions(s: dict[str, Any], version: int) -> str:
+    """The admin's levers (`clawr1 pin N`, `clawr1 rollback N`) as two small forms per version."""
+    tenant = f'<input type="hidden" name="tenant" value="{escape(s["tenant"] or "")}">'
+    forms = []
+    for action, label in (("pin", "pin"), ("rollback", "roll back")):
+        forms.append(f'<form method="post" action="/dashboard/versions" class="inline">{tenant}'
+                     f'<input type="hidden" name="action" value="{action}">'
+                     f'<input type="hidden" name="version" value="{version}"><button>{label}</button></form>')
+    return "".join(forms)
 
 
 def queue(s: dict[str, Any]) -> str:
@@ -208,6 +245,18 @@ def _evidence(raw: str) -> str:
     return escape(str(reason)) + (f' <span class="muted">({escape(rest)})</span>' if rest else "")
 
 
+def _judging(t: dict[str, Any]) -> str:
+    """A turn's failed judging attempts: the give-up with its reason, or the retries so far."""
+    attempts = t.get("judge_attempts") or 0
+    if not attempts:
+        return ""
+    error = escape(t.get("judge_error") or "")
+    if t.get("judge_gave_up_at") is not None:
+        return (f'<p class="neg">judge gave up after {attempts} failed attempt{"s" * (attempts != 1)} '
+                f'({_t(t["judge_gave_up_at"])}): {error}</p>')
+    return f'<p class="note">judging failed {attempts} time{"s" * (attempts != 1)}, retrying; last error: {error}</p>'
+
+
 def session_page(s: dict[str, Any], note: str) -> str:
     turns = []
     for t in s["steps"]:
@@ -223,7 +272,7 @@ def session_page(s: dict[str, Any], note: str) -> str:
             f'<div class="grid3"><div><h4>asked</h4><div class="msg">{escape(_content(t["context"]))}</div></div>'
             f'<div><h4>reply</h4><div class="msg">{escape(t["text"])}</div></div>'
             f'<div><h4>next state</h4>{_messages(t["next_state"])}</div></div>'
-            f'<h4>rewards</h4><ul>{rewards or "<li class=muted>none yet</li>"}</ul>'
+            f'<h4>rewards</h4><ul>{rewards or "<li class=muted>none yet</li>"}</ul>{_judging(t)}'
             f'{"<h4>hints</h4><ul>" + hints + "</ul>" if hints else ""}</article>')
     events = _table(["event", "data", "at"], [[escape(e["kind"]), escape(json.dumps(e["data"])), _t(e["created_at"])]
                                               for e in s["events"]], "no events")

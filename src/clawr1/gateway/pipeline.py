@@ -1,0 +1,387 @@
+"""One request pipeline for every wire format: read and validate -> authenticate -> prepare (render,
+context check) -> admit -> generate -> resolve the session -> stream or collect -> record ->
+release.
+
+A wire format (`Wire`: chat, completions, Anthropic Messages, Responses) supplies only its parse
+(`prepare`) and render functions (`body`, `events`, its error shapes). Everything that must hold
+on every path lives here once:
+
+- nothing is admitted before the whole request validated, so an invalid request never reaches the
+  engine or the pool;
+- the admission ticket is taken and released inside one coroutine (`Exchange.__call__`) whose
+  `finally` every path passes through: success, client disconnect, timeout, engine error,
+  recording error, a bug. The release runs in a task of its own, so even a cancelled request
+  cannot skip it;
+- no exception leaves the ASGI call: before the response started, it is answered in the route's
+  error shape; after, the stream ends with the format's error event and a clean end of body;
+- with `gateway.durable_reply`, the step is committed before the reply's last byte (the JSON body,
+  or the final SSE events), so a reply the client saw is never lost to a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
+
+from clawr1.core.records import Step
+from clawr1.core.types import ContextLengthError, EngineError, Generation, ParsedCompletion, SamplingParams, TokenEvent
+from clawr1.engine.base import GenerationStream
+from clawr1.gateway import schema
+from clawr1.gateway.body import read_json
+from clawr1.gateway.errors import APIError, validate
+from clawr1.gateway.service import Caller, Gateway, Ticket
+from clawr1.gateway.sessions import Turn
+from clawr1.gateway.streaming import TimedOut, events
+
+log = logging.getLogger(__name__)
+TOOL_OPEN = "<tool_call>"
+SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+
+
+@dataclass
+class Job:
+    """A validated request, ready to run: what `Wire.prepare` returns."""
+
+    req: Any  # the wire's validated request model, for rendering
+    reply_id: str  # `chatcmpl-...`, `cmpl-...`, `msg_...`, `resp_...`: prefixes the step ids
+    prompts: list[list[int]]  # one turn per prompt (several only on /v1/completions)
+    samplings: list[SamplingParams]  # one choice per sampling, for every prompt
+    messages: list[dict[str, Any]] = field(default_factory=list)  # chat-shaped, stored with the step
+    tools: list[dict[str, Any]] | None = None
+    stream: bool = False
+    watch_tools: bool = False  # hold back tool-call markup while streaming
+    affinity: str | None = None  # keeps a session on one engine replica
+    base: bool = False  # `X-Policy-Version: 0` on a side turn: the base model answers (evaluation)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+class Wire(ABC):
+    """A wire format: its request model, how it turns into a `Job`, and how replies and errors look."""
+
+    request_model: type[BaseModel]
+
+    def token(self, request: Request) -> str:
+        auth = request.headers.get("authorization", "")
+        return auth[7:].strip() if auth.startswith("Bearer ") else ""
+
+    @abstractmethod
+    def prepare(self, gw: Gateway, req: Any, caller: Caller, headers: dict[str, str],
+                path_ids: tuple[str, str] | None) -> Job:
+        """The request as a `Job`: translated, rendered and context-checked; raise 400s here."""
+
+    @abstractmethod
+    def body(self, ex: Exchange, gens: list[Generation], parsed: list[ParsedCompletion]) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def events(self, ex: Exchange) -> AsyncIterator[str]:
+        """The SSE events of a streamed reply; `await ex.finish()` records the step (and, with
+        `durable_reply`, commits it) and must come before the last events."""
+
+    def error_body(self, exc: APIError | EngineError) -> dict[str, Any]:
+        return {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}}
+
+    @abstractmethod
+    def stream_error(self, ex: Exchange, exc: APIError | EngineError) -> str:
+        """The event that ends a stream which failed after it started."""
+
+    def error_response(self, exc: APIError | EngineError) -> JSONResponse:
+        return JSONResponse(self.error_body(exc), status_code=exc.status)
+
+
+async def handle(request: Request, wire: Wire, path_ids: tuple[str, str] | None) -> Response:
+    """The route handler every generation route calls: validation here, the rest in `Exchange`."""
+    gw: Gateway = request.app.state.gateway
+    try:
+        if path_ids is not None:
+            for name, value in zip(("session_id", "prompt_id"), path_ids):
+                schema.check_id(value, name)
+        caller = await gw.caller(wire.token(request))
+        body = await read_json(request, gw.config.gateway.max_body_bytes, gw.config.gateway.max_json_depth)
+        req = validate(wire.request_model, body)
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        if headers.get("x-session-id") is not None:
+            schema.check_id(headers["x-session-id"], "X-Session-Id")
+        job = wire.prepare(gw, req, caller, headers, path_ids)
+        job.base = _wants_base(gw, caller, headers)
+        for prompt in job.prompts:
+            if len(prompt) >= gw.engine.max_context:
+                raise ContextLengthError(
+                    f"the prompt has {len(prompt)} tokens; this model's context is {gw.engine.max_context} "
+                    "and at least one completion token must fit", "messages" if job.messages else "prompt")
+    except (APIError, EngineError) as exc:
+        return wire.error_response(exc)
+    return Exchange(gw, wire, job, caller, headers, path_ids)
+
+
+class Exchange(Response):
+    """One admitted request, from admission to release. A Starlette response whose `__call__` runs
+    the generation itself, so the admission ticket never outlives the ASGI call that took it."""
+
+    def __init__(self, gw: Gateway, wire: Wire, job: Job, caller: Caller, headers: dict[str, str],
+                 path_ids: tuple[str, str] | None):
+        self.gw, self.wire, self.job, self.caller = gw, wire, job, caller
+        self.headers_in, self.path_ids = headers, path_ids
+        self.background = None
+        self.started = time.perf_counter()
+        self.streams: list[GenerationStream] = []
+        self.turns: list[Turn] = []
+        self.recorded = False
+        self.gone = False  # the client disconnected
+        self._response_started = self._response_done = False
+        self._ticket: Ticket | None = None
+        self.state: Any = None  # a wire format's own per-stream state (Responses: its event counter)
+
+    @property
+    def n(self) -> int:
+        return len(self.job.samplings)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._send = send
+        watcher: asyncio.Future[None] | None = None
+        try:
+            self._ticket = self.gw.admission.acquire(len(self.job.prompts) * self.n)
+            self.streams = self._start()
+            self.turns = [await self.gw.resolve(self.caller, self.job.messages, self.headers_in, self.path_ids)
+                          for _ in self.job.prompts]
+            watcher = asyncio.ensure_future(self._watch(receive))
+            if self.job.stream:
+                await self._stream()
+            else:
+                await self._respond(watcher)
+        except (APIError, EngineError) as exc:  # refused (429), or the engine failed (502)
+            await self._error(exc)
+        except Exception as exc:  # a bug: answered in the route's shape, never a dropped connection
+            log.exception("unhandled error serving %s", self.job.reply_id)
+            await self._error(APIError(500, f"internal error ({type(exc).__name__}); see the server log",
+                                       code="internal_error"))
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            # A task of its own: if this call is cancelled, the settle (and the release) runs on.
+            await asyncio.shield(self.gw.spawn(self._settle()))
+
+    # ---- generation ----------------------------------------------------------------------
+    def _start(self) -> list[GenerationStream]:
+        adapter = None if self.job.base else self.gw.served_adapter(self.caller.tenant)
+        streams: list[GenerationStream] = []
+        try:
+            for prompt in self.job.prompts:
+                for sampling in self.job.samplings:
+                    stream = self.gw.engine.generate(prompt, sampling, adapter, self.job.affinity)
+                    streams.append(self.gw.metrics.timed(stream))
+        except BaseException:
+            for stream in streams:  # nothing was served: stop what started, record nothing
+                stream.cancel()
+            raise
+        return streams
+
+    async def _watch(self, receive: Receive) -> None:
+        """Stop the engine the moment the client goes away (the body is read: only
+        `http.disconnect` is left to receive)."""
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.gone = True
+        for stream in self.streams:
+            stream.cancel()
+
+    async def tokens(self, i: int = 0) -> AsyncIterator[TokenEvent | None]:
+        """Stream i's tokens, None for a keep-alive tick; raises `TimedOut` past the deadline."""
+        config = self.gw.config.gateway
+        async for event in events(self.streams[i], config.keepalive_s, config.request_timeout_s):
+            yield event
+
+    async def deltas(self) -> AsyncIterator[str | None]:
+        """Content that is safe to show as it is sampled (tool-call markup held back), None for a
+        keep-alive tick."""
+        sent = visible = ""
+        async for event in self.tokens():
+            if event is None:
+                yield None
+                continue
+            visible += event.text
+            delta = safe_text(visible, sent, self.job.watch_tools)
+            if delta:
+                sent += delta
+                yield delta
+
+    async def finish(self) -> tuple[Generation, ParsedCompletion]:
+        """Streaming, after the last token: the generation, parsed and recorded (committed first
+        with `durable_reply`)."""
+        gen = await self.streams[0].final()  # drained: returns at once (the Engine contract)
+        parsed = self.gw.engine.parse(gen.content)
+        await self.record([gen], [parsed])
+        return gen, parsed
+
+    async def _collect(self, watcher: asyncio.Future[None]) -> tuple[list[Generation], str]:
+        """Whole generations, or the outcome `disconnected` / `timeout` (the work is cancelled)."""
+        finals = asyncio.ensure_future(asyncio.gather(*[s.final() for s in self.streams]))
+        done, _ = await asyncio.wait({finals, watcher}, timeout=self.gw.config.gateway.request_timeout_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if finals in done:
+            return list(finals.result()), "ok"
+        for stream in self.streams:
+            stream.cancel()
+        await finals
+        return [], "disconnected" if watcher in done else "timeout"
+
+    # ---- recording -----------------------------------------------------------------------
+    async def record(self, gens: list[Generation], parsed: list[ParsedCompletion]) -> None:
+        """Hand every step to the pool (room was reserved at admission), teach the history matcher
+        the reply, and with `durable_reply` wait for the commit (a failed commit raises 503)."""
+        futures = self._submit(gens)
+        if parsed and self.job.messages:
+            self.gw.sessions.record(self.turns[0], self.job.messages, schema.message_of(parsed[0]))
+        if self.gw.config.gateway.durable_reply:
+            try:
+                await asyncio.gather(*[asyncio.wrap_future(f) for f in futures])
+            except Exception as exc:
+                raise APIError(503, f"the data pool could not store this reply ({type(exc).__name__}: {exc}); "
+                                    "nothing was kept, retry", code="pool_unavailable") from exc
+
+    def _submit(self, gens: list[Generation]) -> list[Any]:
+        self.recorded = True
+        futures = []
+        for index, gen in enumerate(gens):
+            turn = self.turns[index // self.n]
+            self.gw.metrics.generation_done(gen)
+            step = Step(step_id=f"{self.job.reply_id}-{index}", tenant=turn.tenant, session_id=turn.session_id,
+                        prompt_id=turn.prompt_id, turn_index=turn.turn_index, turn_type=turn.turn_type,
+                        messages=self.job.messages, tools=self.job.tools, prompt_ids=gen.prompt_ids,
+                        token_ids=gen.token_ids, logprobs=gen.logprobs, text=gen.text, policy_version=gen.version,
+                        adapter=gen.adapter, finish_reason=gen.finish_reason or "aborted",
+                        temperature=gen.temperature, timings={"total_s": time.perf_counter() - self.started})
+            try:
+                future = self.gw.pool.submit_step(step)
+            except Exception as exc:  # refused at once (queue or disk full): a failed write like any other
+                future = concurrent.futures.Future()
+                future.set_exception(exc)
+            future.add_done_callback(lambda f, sid=step.step_id: _log_failure(f, sid))
+            futures.append(future)
+        if self._ticket is not None:
+            self._ticket.release()  # handed to the pool's queue: its room is the queue's now
+        return futures
+
+    async def _settle(self) -> None:
+        """Every path ends here: stop the engine, record what was sampled and not yet recorded
+        (as `aborted` when cut short), close an `X-Session-Done` session, release the ticket."""
+        try:
+            for stream in self.streams:
+                stream.cancel()  # a no-op for finished streams
+            if self.streams and not self.recorded:
+                gens = await asyncio.gather(*[stream.final() for stream in self.streams], return_exceptions=True)
+                if all(isinstance(g, Generation) for g in gens):
+                    self._submit(gens)  # type: ignore[arg-type]
+                else:  # the engine failed: there is no generation to store
+                    log.warning("%s: the engine failed; nothing to record", self.job.reply_id)
+            for turn in self.turns:
+                if turn.done:  # queued behind the steps, so the last turn is stored first
+                    await self.gw.close_session(turn.tenant, turn.session_id, None, "done")
+        finally:
+            if self._ticket is not None:
+                self._ticket.release()
+
+    # ---- answering -----------------------------------------------------------------------
+    async def _respond(self, watcher: asyncio.Future[None]) -> None:
+        gens, outcome = await self._collect(watcher)
+        if outcome == "disconnected":
+            await self._send_body(499, b"", [])  # nobody is listening; the steps are stored as aborted
+            return
+        if outcome == "timeout":
+            await self._error(APIError(504, f"the engine did not finish within "
+                                            f"{self.gw.config.gateway.request_timeout_s} s", code="timeout"))
+            return
+        parsed = [self.gw.engine.parse(g.content) for g in gens]
+        await self.record(gens, parsed)
+        response = JSONResponse(self.wire.body(self, gens, parsed))
+        await self._send_body(200, response.body, [(b"content-type", b"application/json")])
+
+    async def _stream(self) -> None:
+        await self._send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        self._response_started = True
+        chunks = self.wire.events(self)
+        try:
+            async for chunk in chunks:
+                if self.gone:
+                    break
+                await self._chunk(chunk)
+        except TimedOut:
+            await self._chunk(self.wire.stream_error(self, APIError(
+                504, f"the engine did not finish within {self.gw.config.gateway.request_timeout_s} s", code="timeout")))
+        except (APIError, EngineError) as exc:
+            await self._chunk(self.wire.stream_error(self, exc))
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+        await self._end()
+
+    async def _chunk(self, text: str) -> None:
+        await self._send({"type": "http.response.body", "body": text.encode(), "more_body": True})
+
+    async def _end(self) -> None:
+        if not self._response_done:
+            self._response_done = True
+            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _send_body(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        headers = headers + [(b"content-length", str(len(body)).encode())]
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+        self._response_started = self._response_done = True
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _error(self, exc: APIError | EngineError) -> None:
+        """Before the response started: the route's error shape. After (a stream): its error
+        event, then the end of the body."""
+        if not self._response_started:
+            body = JSONResponse(self.wire.error_body(exc)).body
+            await self._send_body(exc.status, body, [(b"content-type", b"application/json")])
+        elif not self._response_done:
+            await self._chunk(self.wire.stream_error(self, exc))
+            await self._end()
+
+
+def _wants_base(gw: Gateway, caller: Caller, headers: dict[str, str]) -> bool:
+    """`X-Policy-Version`: which version answers a side turn, so an evaluation can compare the base
+    (`0`) with what is served on the same prompts. Only the base and the served version exist to
+    ask for; main turns always get the served version (they are trained on)."""
+    asked = headers.get("x-policy-version")
+    if asked is None:
+        return False
+    if headers.get("x-turn-type", "main").strip().lower() != "side":
+        raise APIError(400, "X-Policy-Version is only for side turns (X-Turn-Type: side): main turns are trained on "
+                            "and always get the served version", param="X-Policy-Version")
+    served = gw.served_version(caller.tenant)
+    if asked.strip() not in ("0", str(served)):
+        raise APIError(404, f"policy version {asked.strip()!r} is not served (the base is 0, the served one {served})",
+                       param="X-Policy-Version", code="version_not_found")
+    return asked.strip() == "0"
+
+
+def safe_text(visible: str, sent: str, watch_tools: bool) -> str:
+    """New content that is safe to stream: with tools on, nothing from a `<tool_call>` on (and no
+    suffix that could start one), since it may turn into a structured tool call at the end."""
+    end = len(visible)
+    if watch_tools:
+        at = visible.find(TOOL_OPEN)
+        if at >= 0:
+            end = at
+        else:
+            for n in range(min(len(TOOL_OPEN) - 1, end), 0, -1):
+                if visible.endswith(TOOL_OPEN[:n]):
+                    end -= n
+                    break
+    return visible[len(sent):end] if end > len(sent) else ""
+
+
+def _log_failure(future: Any, step_id: str) -> None:
+    if future.exception() is not None:
+        log.error("recording %s failed: %s", step_id, future.exception())

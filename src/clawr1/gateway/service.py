@@ -1,0 +1,336 @@
+"""The serving layer every route shares: auth, admission, versions, session closing, and the
+gateway's background jobs (idle sweep, adapter watcher). Routes import this module and
+`pipeline.py`; `app.py` only assembles them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import itertools
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Any, NamedTuple, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel
+
+from clawr1.core.config import Config
+from clawr1.core.records import DEFAULT_TENANT, POLICY, adapter_name
+from clawr1.core.types import EngineError
+from clawr1.datapool.base import DataPool
+from clawr1.engine import adapters
+from clawr1.engine.base import Engine
+from clawr1.gateway import schema
+from clawr1.gateway.body import read_json
+from clawr1.gateway.errors import APIError, validate
+from clawr1.gateway.metrics import GatewayMetrics
+from clawr1.quality import QualityMeter
+from clawr1.gateway.sessions import SESSION_KEY_PREFIX, SessionResolver, Turn, hash_key
+
+log = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
+
+_ID_TAG = uuid.uuid4().hex[:12]  # unique per process; a counter makes the rest (no urandom per request)
+_ids = itertools.count()
+
+
+def new_id(prefix: str) -> str:
+    """`chatcmpl-...`, `cmpl-...`: unique across processes and restarts (they prefix step ids,
+    which are the pool's idempotency keys)."""
+    return f"{prefix}{_ID_TAG}{next(_ids):012x}"
+
+
+class Caller(NamedTuple):
+    tenant: str
+    session_id: str | None  # set when the request came with a per-session key
+
+
+class Ticket:
+    """Room for `n` steps, from admission until their writes are handed to the pool. Released
+    once, by whoever ends the request (`pipeline.Exchange`); releasing again is a no-op."""
+
+    __slots__ = ("_owner", "n")
+
+    def __init__(self, owner: Admission, n: int):
+        self._owner, self.n = owner, n
+
+    def release(self) -> None:
+        if self.n:
+            self._owner.inflight -= self.n
+            self.n = 0
+
+
+class Admission:
+    """The one owner of the in-flight count (`clawr1_gateway_inflight`). Only a `Ticket` changes
+    it, so no path (an error, a disconnect, a bug) can leave a slot taken: the pipeline releases
+    its ticket in a `finally` that every path passes through.
+
+    It also refuses (503 `pool_unavailable`) every request while the pool cannot write
+    (`DataPool.write_error`: disk full, I/O error): with `durable_reply` off a reply goes out before
+    its step is committed, so admitting would answer 200 and lose the step. Recovery is half-open:
+    while refusing, a probe runs `check_writable` (a tiny committed write, in a thread) at most every
+    `recheck_s`, with or without traffic; the first that succeeds clears the error, so the gateway
+    admits again by itself a few seconds after the disk has room."""
+
+    recheck_s: float = 2.0
+    """Seconds between two probes of a pool that cannot write (each one tiny write and an fsync)."""
+
+    def __init__(self, config: Config, pool: DataPool):
+        self.max_pending, self.queue_room = config.gateway.max_pending, config.pool.writer_queue
+        self.pool = pool
+        self.inflight = 0
+        self._probe: asyncio.Task | None = None  # the half-open probe, while the pool cannot write
+        self._next_probe = 0.0  # monotonic time the next probe may run (kept across outages)
+
+    def acquire(self, steps: int) -> Ticket:
+        """Shed load before anything could be lost: 503 while the pool cannot write; and the
+        requests in flight plus the pool's queue must have room for this request's steps, else 429."""
+        error = self.pool.write_error()
+        if error is not None:
+            self._start_probe(error)
+            raise APIError(503, f"the data pool cannot store new steps ({error}); nothing was run, retry shortly",
+                           code="pool_unavailable")
+        if self.inflight + steps > self.max_pending:
+            raise APIError(429, f"{self.inflight} requests are being served or recorded; retry shortly",
+                           code="rate_limit_exceeded")
+        queued = self.pool.pending_writes()
+        if queued + self.inflight + steps > self.queue_room:
+            raise APIError(429, f"the data pool is behind ({queued} writes queued); retry shortly",
+                           code="rate_limit_exceeded")
+        self.inflight += steps
+        return Ticket(self, steps)
+
+    def _start_probe(self, error: str) -> None:
+        """Run the half-open probe unless it runs already (called on the event loop, by a request)."""
+        if self._probe is None or self._probe.done():
+            log.error("refusing requests (503) until the data pool can write again: %s", error)
+            self._probe = asyncio.get_running_loop().create_task(self._probe_until_writable())
+            self._probe.add_done_callback(self._probe_done)
+
+    async def _probe_until_writable(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.0, self._next_probe - time.monotonic()))
+            self._next_probe = time.monotonic() + self.recheck_s
+            why = await asyncio.to_thread(self.pool.check_writable)
+            if why is None:
+                log.warning("the data pool can write again; admitting requests")
+                return
+            log.debug("the data pool still cannot write: %s", why)
+
+    @staticmethod
+    def _probe_done(task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:  # the next refused request starts another
+            log.error("the data pool's writability probe failed: %r", task.exception())
+
+
+class Gateway:
+    def __init__(self, engine: Engine, pool: DataPool, config: Config):
+        self.engine, self.pool, self.config = engine, pool, config
+        self.sessions = SessionResolver(pool.last_turn)
+        self.admission = Admission(config, pool)
+        self._session_keys: dict[str, tuple[str, str]] = {}  # key sha256 -> (tenant, session id)
+        self._tasks: set[asyncio.Task] = set()  # background closes and settles, referenced until done
+        self.swaps: list[tuple[float, str, int, float]] = []  # (when, adapter, version, load seconds)
+        self.metrics = GatewayMetrics(self)  # `GET /metrics`; reads the fields above when scraped
+        # Every agent key with its tenant: `gateway.api_keys` are the default tenant's.
+        self.agent_keys = [(key.encode(), DEFAULT_TENANT) for key in config.gateway.api_keys] + [
+            (key.encode(), tenant) for tenant, keys in config.tenants.keys.items() for key in keys]
+        self.per_tenant = config.tenants.adapter_per_tenant
+        self.full = config.trainer.finetune == "full"  # versions are whole weights, not adapters
+        self._meter: QualityMeter | None = None
+        self.guard: Any = None  # the `Guard`, when it runs (`watch_versions`)
+
+    async def quality_meter(self) -> QualityMeter:
+        """The quality measure (`clawr1.quality`) on this gateway's engine, loaded on first use (the
+        embedder takes ~2 s; a gateway nobody asks about quality never loads it)."""
+        if self._meter is None:
+            meter = await asyncio.to_thread(QualityMeter.load, self.engine)
+            self._meter = self._meter or meter
+        return self._meter
+
+    @property
+    def pending(self) -> int:
+        """Steps admitted whose writes are not yet handed to the pool."""
+        return self.admission.inflight
+
+    async def read(self, request: Request, model: type[M]) -> M:
+        """A request body as `model`: size and depth bounded before parsing, then validated (400)."""
+        config = self.config.gateway
+        return validate(model, await read_json(request, config.max_body_bytes, config.max_json_depth))
+
+    # ---- auth ------------------------------------------------------------------------------
+    def authenticate(self, request: Request) -> Caller:
+        """Agent keys (`gateway.api_keys`) or a per-session key; none needed when no keys are set
+        (the gateway then only binds to loopback). A per-session key binds the request to its
+        session; an unknown one is refused even without agent keys, so it never lands elsewhere."""
+        auth = request.headers.get("authorization", "")
+        return self.authorize(auth[7:].strip() if auth.startswith("Bearer ") else "")
+
+    def authorize(self, token: str) -> Caller:
+        """`authenticate` for a key taken from elsewhere (the Anthropic route reads `x-api-key`)."""
+        if token.startswith(SESSION_KEY_PREFIX):
+            bound = self._session_for_key(token)
+            if bound is None:
+                raise APIError(401, "unknown session key", code="invalid_api_key")
+            return Caller(*bound)
+        if not self.agent_keys:
+            return Caller(DEFAULT_TENANT, None)
+        given = token.encode()
+        tenant = None
+        for key, owner in self.agent_keys:  # compare with every key: the time says nothing of which matched
+            if hmac.compare_digest(given, key):
+                tenant = owner
+        if tenant is None:
+            raise APIError(401, "missing or invalid API key (Authorization: Bearer <key>)", code="invalid_api_key")
+        return Caller(tenant, None)
+
+    async def caller(self, token: str) -> Caller:
+        """`authorize`, with a per-session key not seen yet looked up off the event loop (the pool
+        may be a server or a Ray actor)."""
+        if token.startswith(SESSION_KEY_PREFIX) and hash_key(token) not in self._session_keys:
+            return await asyncio.to_thread(self.authorize, token)
+        return self.authorize(token)
+
+    async def resolve(self, caller: Caller, messages: list[dict[str, Any]], headers: dict[str, str],
+                      path_ids: tuple[str, str] | None) -> Turn:
+        """The request's session turn (`SessionResolver`), reading the pool only for a session this
+        process has not seen, and then in a thread."""
+        who = self.sessions.identify(caller.tenant, messages, headers, path_ids, caller.session_id)
+        last = None
+        if self.sessions.needs_lookup(who):
+            last = await asyncio.to_thread(self.pool.last_turn, who.session_id, who.tenant)
+        return self.sessions.number(who, last)
+
+    def _session_for_key(self, token: str) -> tuple[str, str] | None:
+        digest = hash_key(token)
+        bound = self._session_keys.get(digest)
+        if bound is None:
+            found = self.pool.session_by_key(digest)  # keys outlive restarts: they are in the pool
+            if found is not None:
+                bound = self._session_keys[digest] = (found[0], found[1])
+        return bound
+
+    def remember_session_key(self, digest: str, tenant: str, session_id: str) -> None:
+        self._session_keys[digest] = (tenant, session_id)
+
+    def require_admin(self, request: Request) -> None:
+        admin = self.config.gateway.admin_key
+        if admin is None:
+            raise APIError(403, "admin routes are disabled: set gateway.admin_key", code="admin_disabled")
+        auth = request.headers.get("authorization", "")
+        if not (auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].strip(), admin)):
+            raise APIError(401, "admin routes need the admin key (Authorization: Bearer <admin_key>)",
+                           code="invalid_api_key")
+
+    # ---- versions --------------------------------------------------------------------------
+    def adapter_of(self, tenant: str) -> str:
+        """The adapter a tenant is served: its own with per-tenant adapters, else the shared one."""
+        return adapter_name(tenant if self.per_tenant else None)
+
+    def served_adapter(self, tenant: str) -> str | None:
+        """The engine adapter a tenant's new request gets, or None (the base model)."""
+        name = self.adapter_of(tenant)
+        return name if name in self.engine.adapters() else None
+
+    def served_version(self, tenant: str = DEFAULT_TENANT) -> int:
+        """The policy version a tenant's new requests get (0: the base model)."""
+        if self.full:
+            return self.engine.weights_version()
+        return self.engine.adapters().get(self.adapter_of(tenant), 0)
+
+    # ---- sessions --------------------------------------------------------------------------
+    async def close_session(self, tenant: str, session_id: str, outcome: float | None, reason: str) -> bool:
+        was_open = await asyncio.to_thread(self.pool.close_session, session_id, outcome, tenant=tenant, reason=reason)
+        self.sessions.forget(tenant, session_id)
+        return was_open
+
+    def spawn(self, coro: Any) -> asyncio.Task:
+        """Run `coro` as a task the gateway keeps a reference to until it ends; its failure is logged."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background gateway task failed: %r", task.exception())
+
+    def restore_sessions(self, limit: int = 1000) -> int:
+        """After a restart: the matcher re-learns the last turn of each recently active open
+        session, so a stock client's conversation continues in its session. Returns how many."""
+        cutoff = time.time() - self.config.gateway.session_idle_s
+        restored = 0
+        for session in self.pool.sessions(limit=limit):
+            if session["status"] != "open" or session["updated_at"] < cutoff:
+                continue
+            turns = self.pool.show(session["session_id"], session["tenant"])["steps"]
+            mains = [t for t in turns if t["turn_type"] == "main"]
+            if mains:
+                [step] = self.pool.get_steps([mains[-1]["step_id"]])
+                reply = schema.message_of(self.engine.parse(step.text))
+                self.sessions.restore(step.tenant, step.session_id, step.messages, reply, turns[-1]["turn_index"] + 1)
+                restored += 1
+        return restored
+
+    # ---- background jobs -------------------------------------------------------------------
+    async def watch_versions(self) -> None:
+        """Serve what the trainer publishes: through the guard (`guard.enabled`, LoRA versions), or
+        as soon as it appears (the guard off, or whole weights under full fine-tuning)."""
+        if self.config.guard.enabled and not self.full:
+            from clawr1.guard import Guard
+
+            self.guard = Guard(self)
+            await self.guard.run()
+        else:
+            await self.watch_adapters()
+
+    async def watch_adapters(self) -> None:
+        """Serve each newly published version of each adapter (the shared policy, or every
+        tenant's): the engine loads it beside the old one and flips the name atomically, so
+        in-flight requests finish on their version and nothing fails. A version that does not load
+        is logged once and skipped."""
+        root = Path(self.config.data_dir) / ("weights" if self.full else "adapters")
+        skipped: set[tuple[str, int]] = set()
+        while True:
+            await asyncio.sleep(self.config.gateway.adapter_poll_s)
+            for name in await asyncio.to_thread(self._adapter_names, root):
+                newest = await asyncio.to_thread(adapters.newest, root, name)
+                serving = self.engine.weights_version() if self.full else self.engine.adapters().get(name, -1)
+                if newest is None or (name, newest[0]) in skipped or newest[0] <= serving:
+                    continue
+                started = time.perf_counter()
+                try:
+                    if self.full:  # the engine drains its batch, swaps every weight, resumes
+                        await self.engine.load_weights(newest[1])
+                    else:
+                        await self.engine.load_adapter(name, newest[1])
+                except EngineError as exc:
+                    skipped.add((name, newest[0]))
+                    log.error("%s v%d at %s was not loaded: %s", name, newest[0], newest[1], exc)
+                    continue
+                self.swaps.append((time.time(), name, newest[0], time.perf_counter() - started))
+                log.info("serving %s v%d (loaded in %.0f ms)", name, newest[0], 1000 * (time.perf_counter() - started))
+
+    def _adapter_names(self, root: Path) -> list[str]:
+        if not self.per_tenant:  # the shared policy (an adapter, or under full fine-tuning whole weights)
+            return [POLICY]
+        prefix = adapter_name("")  # "policy-"
+        return sorted(d.name for d in root.iterdir() if d.name.startswith(prefix)) if root.is_dir() else []
+
+    async def sweep_idle(self) -> None:
+        """Close sessions idle for `session_idle_s` (those with a request in flight are kept)."""
+        idle = self.config.gateway.session_idle_s
+        while True:
+            await asyncio.sleep(min(max(idle / 4, 0.05), 30.0))
+            keep = self.sessions.active_since(time.monotonic() - idle)
+            try:
+                closed = await asyncio.to_thread(self.pool.close_idle, idle, keep)
+            except Exception:  # a busy database must not end the sweeper: the next round retries
+                log.exception("closing idle sessions failed; retrying next round")
+                continue
+            for tenant, session_id in closed:
+                self.sessions.forget(tenant, session_id)

@@ -1,0 +1,249 @@
+"""The guard between the trainer and the users: every published LoRA version is a candidate until
+it answered the probe set no worse than the incumbent and the base.
+
+It runs in the gateway process, in place of the plain adapter watcher, one loop for every adapter
+(the shared policy, or each tenant's):
+1. an admin's rollback (`CONTROL`: serve version N again; the trainer restores N) or pin (serve N
+   whatever else is promoted) is applied first;
+2. the newest published version, if undecided, is loaded beside the served one under
+   `<name>@candidate` (never served to users), asked every probe, measured (`clawr1.quality`), and
+   compared pairwise with the incumbent's and the base's replies to the same probes and seeds;
+3. `promoted`: the served name flips to it (requests in flight finish on their version);
+   `rejected`: it is unloaded and never served, and the trainer, which waits for the verdict,
+   rolls back to the incumbent's weights and optimizer state. Either way the verdict (`VERDICT` in
+   the version's directory, read by the trainer) and the pool's decision log say why.
+Nothing here is in a request's path: a request always gets the served version, which only ever
+changes by an atomic flip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clawr1.core.records import DEFAULT_TENANT, POLICY, adapter_name
+from clawr1.core.types import EngineError
+from clawr1.engine import adapters as store
+from clawr1.guard.probes import MIN_PROBES, Probe, ProbeSet, ask, everyday_probes, measure, probes_of, replies_of
+from clawr1.quality import not_worse, summarize
+
+log = logging.getLogger(__name__)
+TOP_UP_S = 5.0  # how often an incomplete probe set looks for more held-out traffic
+
+
+@dataclass
+class Line:
+    """What the guard knows of one adapter's version line."""
+
+    name: str
+    tenant: str | None  # whose traffic its probes come from (None: every tenant's, for the shared policy)
+    decided: int = 0  # the newest version with a verdict
+    served: int = 0  # what the engine serves under `name` (0: the base)
+    held: list[Probe] = field(default_factory=list)  # held-out probes not yet in a set
+    probes: ProbeSet | None = None
+    rollback_id: str | None = None
+    pinned: int | None = None
+    topped_up_at: float = 0.0
+    waiting_since: float | None = None  # when a candidate first found no probe set
+
+
+class Guard:
+    def __init__(self, gw: Any):
+        self.gw, self.config = gw, gw.config.guard
+        self.root = Path(gw.config.data_dir) / "adapters"
+        self.lines: dict[str, Line] = {}
+        self.decisions: dict[str, int] = {"promoted": 0, "rejected": 0}  # for /metrics
+        self.sets = 0
+
+    # ---- the loop ------------------------------------------------------------------------
+    async def run(self) -> None:
+        for name in await asyncio.to_thread(self._names):
+            await self._restore(self._line(name))
+        while True:
+            await asyncio.sleep(self.gw.config.gateway.adapter_poll_s)
+            for name in await asyncio.to_thread(self._names):
+                try:
+                    await self.step(self._line(name))
+                except EngineError as exc:  # a version that does not load must not end the guard
+                    log.error("guard: %s: %s", name, exc)
+
+    async def step(self, line: Line) -> None:
+        """One poll: two small file reads (`CONTROL`, `LATEST`) unless something changed."""
+        control = await asyncio.to_thread(store.control, self.root, line.name)
+        rollback = control.get("rollback")
+        if rollback and rollback.get("id") != line.rollback_id:
+            line.rollback_id = rollback["id"]
+            await self._rollback(line, int(rollback["to"]))
+        pinned = control.get("pinned")
+        if pinned != line.pinned:
+            line.pinned = pinned
+            target = pinned if pinned is not None else await asyncio.to_thread(self._newest_promoted, line.name)
+            if (target or 0) != line.served:
+                await self._serve(line, target or 0, "pinned" if pinned is not None else "unpinned",
+                                  f"admin pinned v{pinned}" if pinned is not None else "admin unpinned")
+        newest = await asyncio.to_thread(store.newest, self.root, line.name)
+        if newest is not None and newest[0] > line.decided:
+            await self.judge(line, *newest, serve=pinned is None)
+
+    async def _rollback(self, line: Line, to: int) -> None:
+        """Serve `to` again; versions promoted after it no longer count as promoted (a restart must
+        not bring them back). The trainer restores `to` itself (it reads the same `CONTROL`)."""
+        for version in await asyncio.to_thread(store.published, self.root, line.name):
+            verdict = await asyncio.to_thread(store.verdict, self.root, line.name, version)
+            if version > to and verdict and verdict["status"] == "promoted":
+                await asyncio.to_thread(store.decide, self.root, line.name, version, "superseded",
+                                        f"rolled back to v{to}", verdict["scores"])
+        await self._serve(line, to, "rolled_back", f"admin rollback to v{to}")
+
+    # ---- judging a candidate -------------------------------------------------------------
+    async def judge(self, line: Line, version: int, path: Path, serve: bool = True) -> None:
+        probes = await self._probe_set(line, version)
+        if probes is None:
+            return  # not enough held-out traffic yet: the candidate waits (so does the trainer)
+        started = time.perf_counter()
+        candidate = f"{line.name}@candidate"
+        await self.gw.engine.load_adapter(candidate, path)
+        try:
+            gens = await ask(self.gw.engine, self.gw.pool, probes.probes, candidate, self._tenant(line),
+                             f"v{version}")
+        finally:
+            await self.gw.engine.unload_adapter(candidate)
+        meter = await self.gw.quality_meter()
+        summary = await measure(meter, probes.probes, gens, probes.calibration)
+        incumbent = await self._incumbent(line, probes, meter)
+        max_kl = self.config.max_kl if summary.kl is not None else None  # an empty reply has no KL to bound
+        against_incumbent = not_worse(summary, incumbent, self.config.sane_bound, max_kl)
+        against_base = not_worse(summary, probes.base, self.config.base_bound)
+        ok = against_incumbent.ok and against_base.ok
+        reason = (f"vs v{line.served}: {against_incumbent.reason}; vs base: {against_base.reason}" if ok else
+                  "; ".join(f"vs {who}: {v.reason}" for who, v in ((f"v{line.served}", against_incumbent),
+                                                                   ("base", against_base)) if not v.ok))
+        scores = {"candidate": summary.to_dict(), "incumbent": incumbent.to_dict(), "incumbent_version": line.served,
+                  "base": probes.base.to_dict(), "probe_set": probes.number, "probes": len(probes.probes),
+                  "from_traffic": sum(not p.step_id.startswith("builtin-") for p in probes.probes),
+                  "seconds": round(time.perf_counter() - started, 2)}
+        status = "promoted" if ok else "rejected"
+        await asyncio.to_thread(self._record, line.name, version, status, reason, scores)
+        line.decided = version
+        self.decisions[status] += 1
+        if ok:
+            probes.summaries[version] = summary
+            if serve:
+                await self._serve(line, version, None, "", path)
+        log.info("guard: %s v%d %s in %.1f s (%s)", line.name, version, status, scores["seconds"], reason)
+
+    async def _probe_set(self, line: Line, version: int) -> ProbeSet | None:
+        """The current probe set; a new one once `refresh_versions` versions used the old one and
+        enough new traffic was held out (until then the old one serves on)."""
+        current = line.probes
+        due = current is None or version - current.drawn_at_version >= self.config.refresh_versions
+        if due and (current is None or time.monotonic() - line.topped_up_at >= TOP_UP_S):
+            await self._top_up(line)
+        enough = self.config.probes
+        if due and len(line.held) < self.config.probes and current is None:
+            line.waiting_since = line.waiting_since or time.monotonic()
+            if time.monotonic() - line.waiting_since >= self.config.fallback_after_s:
+                line.held += self._everyday(line)  # thin traffic: sanity on everyday requests in its role
+                enough = min(enough, MIN_PROBES)
+        if due and len(line.held) >= enough:
+            held, line.held = line.held[:self.config.probes], line.held[self.config.probes:]
+            line.probes = await self._draw(line, held, version)
+            line.waiting_since = None
+        return line.probes
+
+    def _everyday(self, line: Line) -> list[Probe]:
+        context = [m for m in (line.held[-1].messages if line.held else []) if m.get("role") in ("system", "developer")]
+        return everyday_probes(self.gw.engine.render, context, self.config.probes - len(line.held),
+                               self.config.probe_max_tokens)
+
+    async def _top_up(self, line: Line) -> None:
+        line.topped_up_at = time.monotonic()
+        want = self.config.probes - len(line.held)
+        if want <= 0:
+            return
+        ids = await asyncio.to_thread(self.gw.pool.hold_out, line.tenant, want)
+        if ids:
+            steps = await asyncio.to_thread(self.gw.pool.get_steps, ids)
+            line.held += probes_of(steps, self.config.probe_max_tokens)
+
+    async def _draw(self, line: Line, held: list[Probe], version: int) -> ProbeSet:
+        """A new probe set: the base answers it; its replies calibrate the measures."""
+        self.sets += 1
+        gens = await ask(self.gw.engine, self.gw.pool, held, None, self._tenant(line), f"set{self.sets}")
+        meter = await self.gw.quality_meter()
+        calibration, measured = await meter.calibrate(replies_of(held, gens))
+        base = summarize(measured, calibration)
+        log.info("guard: %s probe set %d of %d held-out requests (base sane rate %.2f)", line.name, self.sets,
+                 len(held), base.sane_rate)
+        return ProbeSet(self.sets, held, calibration, base, version)
+
+    async def _incumbent(self, line: Line, probes: ProbeSet, meter: Any) -> Any:
+        """The served version's replies on this probe set (the base's when the base is served)."""
+        if line.served == 0:
+            return probes.base
+        if line.served not in probes.summaries:
+            gens = await ask(self.gw.engine, self.gw.pool, probes.probes, line.name, self._tenant(line),
+                             f"v{line.served}")
+            probes.summaries[line.served] = await measure(meter, probes.probes, gens, probes.calibration)
+        return probes.summaries[line.served]
+
+    # ---- serving -------------------------------------------------------------------------
+    async def _serve(self, line: Line, version: int, status: str | None, reason: str, path: Path | None = None) -> None:
+        """Flip the served name to `version` (0: the base); `status`: an admin action to log."""
+        if version == 0:
+            if line.name in self.gw.engine.adapters():
+                await self.gw.engine.unload_adapter(line.name)
+        else:
+            path = path or store.version_dir(self.root, line.name, version)
+            started = time.perf_counter()
+            await self.gw.engine.load_adapter(line.name, path)
+            self.gw.swaps.append((time.time(), line.name, version, time.perf_counter() - started))
+        line.served = version
+        if status is not None:
+            await asyncio.to_thread(self._record, line.name, version, status, reason, {})
+        log.info("serving %s v%d%s", line.name, version, f" ({reason})" if reason else "")
+
+    async def _restore(self, line: Line) -> None:
+        """After a restart: serve the pinned version, else the newest promoted; versions published
+        before (no verdict, older than the newest decided) are not judged again."""
+        control = await asyncio.to_thread(store.control, self.root, line.name)
+        line.rollback_id = (control.get("rollback") or {}).get("id")
+        line.pinned = control.get("pinned")
+        line.decided = max(await asyncio.to_thread(self._decided, line.name), default=0)
+        target = line.pinned or await asyncio.to_thread(self._newest_promoted, line.name)
+        if target:
+            await self._serve(line, int(target), None, "restored")
+
+    # ---- helpers -------------------------------------------------------------------------
+    def _line(self, name: str) -> Line:
+        if name not in self.lines:
+            prefix = adapter_name("")  # "policy-"
+            tenant = name[len(prefix):] if name.startswith(prefix) else None
+            self.lines[name] = Line(name, tenant)
+        return self.lines[name]
+
+    def _tenant(self, line: Line) -> str:
+        return line.tenant or DEFAULT_TENANT
+
+    def _names(self) -> list[str]:
+        if not self.gw.per_tenant:
+            return [POLICY]
+        prefix = adapter_name("")
+        return sorted(d.name for d in self.root.iterdir() if d.name.startswith(prefix)) if self.root.is_dir() else []
+
+    def _decided(self, name: str) -> list[int]:
+        return [v for v in store.published(self.root, name) if store.verdict(self.root, name, v) is not None]
+
+    def _newest_promoted(self, name: str) -> int | None:
+        promoted = [v for v in store.published(self.root, name)
+                    if (store.verdict(self.root, name, v) or {}).get("status") == "promoted"]
+        return max(promoted, default=None)
+
+    def _record(self, name: str, version: int, status: str, reason: str, scores: dict[str, Any]) -> None:
+        if status in ("promoted", "rejected"):
+            store.decide(self.root, name, version, status, reason, scores)
+        self.gw.pool.record_version(name, version, status, reason, scores)

@@ -1,0 +1,100 @@
+"""The probe set: held-out requests from recent traffic that every candidate version answers.
+
+A probe is a recorded main turn that nothing has trained on yet, taken out of training
+(`DataPool.hold_out`, reason `probe`): its prompt token ids are replayed exactly, with its sampling
+temperature and a fixed seed per probe, so two versions asked the same probe set are compared
+pairwise. The base model answers the set once when it is drawn; its replies give the calibration
+(the base's normal range of each quality measure) and the base summary. Every probe reply is
+recorded as a side turn (session `probe:<adapter>:<label>`), so anyone can read what each
+candidate said; side turns are never trained on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from clawr1.core.records import Step
+from clawr1.core.types import Generation, SamplingParams
+from clawr1.quality import Calibration, Reply, Summary, summarize
+
+MIN_PROBES = 8  # the calibration's minimum
+# Everyday requests for when traffic is too thin to hold out a whole probe set in time (asked in
+# the context of the latest traffic's system prompt): they test sanity, not the traffic's tasks.
+EVERYDAY = (
+    "How do I keep basil fresh after buying it?", "What is a good way to start journaling?",
+    "How can I make my small apartment feel bigger?", "What should I check before buying a used bike?",
+    "How do I politely end a long phone call?", "What is an easy dinner for a busy weeknight?",
+    "How can I stop procrastinating on chores?", "How do I get a stuck jar lid open?",
+    "What should I bring to a picnic in the park?", "How do I clean a smelly water bottle?",
+    "How can I keep my hands warm when cycling in winter?", "What is a simple way to learn to juggle?",
+    "How do I prepare for my first day at a new job?", "How often should I change my toothbrush?",
+    "What is a good way to remember a shopping list?", "How do I fix a zipper that keeps coming apart?",
+)
+
+
+@dataclass(frozen=True)
+class Probe:
+    step_id: str  # the held-out main turn it replays
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    prompt_ids: list[int]
+    temperature: float
+    max_tokens: int
+    seed: int
+
+
+@dataclass
+class ProbeSet:
+    number: int  # 1, 2, ...: a new set (and calibration) every `guard.refresh_versions` versions
+    probes: list[Probe]
+    calibration: Calibration
+    base: Summary  # the base model's own replies, on this set
+    drawn_at_version: int
+    summaries: dict[int, Summary] = field(default_factory=dict)  # version -> its replies on this set
+
+
+def probes_of(steps: list[Step], max_tokens: int) -> list[Probe]:
+    """Probes from held-out steps; the seed is a function of the step id, so re-asking is paired."""
+    return [Probe(step.step_id, step.messages, step.tools, step.prompt_ids, step.temperature,
+                  max_tokens,
+                  zlib.crc32(step.step_id.encode())) for step in steps if step.messages]
+
+
+def everyday_probes(render: Any, context: list[dict[str, Any]], n: int, max_tokens: int) -> list[Probe]:
+    """`n` built-in probes, each an everyday question after `context` (the system messages of recent
+    traffic, so the model is tested in the role it serves)."""
+    probes = []
+    for i, question in enumerate(EVERYDAY[:n]):
+        messages = [*context, {"role": "user", "content": question}]
+        probes.append(Probe(f"builtin-{i}", messages, None, render(messages, None), 0.7, max_tokens,
+                            zlib.crc32(question.encode())))
+    return probes
+
+
+async def ask(engine: Any, pool: Any, probes: list[Probe], adapter: str | None, tenant: str, label: str) -> list[Generation]:
+    """Every probe answered by `adapter` (None: the base), recorded as side turns."""
+    streams = [engine.generate(p.prompt_ids, SamplingParams(max_tokens=p.max_tokens, temperature=p.temperature,
+                                                            seed=p.seed), adapter) for p in probes]
+    gens: list[Generation] = list(await asyncio.gather(*[s.final() for s in streams]))
+    session = f"probe:{adapter or 'base'}:{label}"
+    tag = uuid.uuid4().hex[:8]
+    for i, (probe, gen) in enumerate(zip(probes, gens)):
+        pool.submit_step(Step(
+            step_id=f"probe-{tag}-{i}", tenant=tenant, session_id=session, prompt_id=session, turn_index=i,
+            turn_type="side", messages=probe.messages, tools=probe.tools, prompt_ids=gen.prompt_ids,
+            token_ids=gen.token_ids, logprobs=gen.logprobs, text=gen.text, policy_version=gen.version,
+            adapter=gen.adapter, finish_reason=gen.finish_reason or "aborted", temperature=gen.temperature,
+            timings={}))
+    return gens
+
+
+def replies_of(probes: list[Probe], gens: list[Generation]) -> list[Reply]:
+    return [Reply.from_generation(p.messages, g) for p, g in zip(probes, gens)]
+
+
+async def measure(meter: Any, probes: list[Probe], gens: list[Generation], calibration: Calibration) -> Summary:
+    return summarize(await meter.measure(replies_of(probes, gens)), calibration)

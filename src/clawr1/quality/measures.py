@@ -1,0 +1,139 @@
+"""What one reply is measured on, and the pure maths of each measure.
+
+A preference score can reach 1.00 while the replies turn into nonsense ("You're right." to "How
+do I fix a squeaky door?"), so every learning number needs a quality number beside it. Each reply
+gets four measures that need no labels and no judge:
+
+- relevance: cosine of the MiniLM embeddings of the request (the last user message) and the
+  reply. Catches off-topic replies, however fluent (a copied system prompt, a canned "You're right.").
+- fluency: the *base* model's mean logprob per reply token, teacher-forced with no adapter at
+  temperature 1. Catches broken language ("DEAD BO *this part is just in the image") that a
+  drifted policy finds likely but the model it started from does not.
+- repetition: the share of word 3-grams that repeat an earlier one. Word n-grams, not token
+  n-grams: they are what the user reads and they do not depend on the tokenizer, so a
+  calibration means the same on every engine. Catches loops ("the the the ...").
+- drift (when the serving version's behaviour logprobs are known): KL(version || base) per token,
+  estimated on the reply's own tokens as mean(logp_version - logp_base) (the tokens were sampled
+  from the version, so this is the Monte-Carlo estimate of the KL), and the entropy estimate
+  -mean(logp_version). Both at the temperature the reply was sampled at, which is what the
+  behaviour logprobs are of.
+
+An empty or whitespace-only reply is never sane, whatever its numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from clawr1.core.messages import text_of
+from clawr1.core.types import Generation
+
+NGRAM = 3
+_WORD = re.compile(r"\w+(?:'\w+)*")
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One reply to measure, exactly as it was served.
+
+    `token_ids` are the reply's sampled ids (with the final end-of-turn token when there was one)
+    and `prompt_ids` the ids it was sampled after. `logprobs`, when given, are the serving
+    version's behaviour logprobs of `token_ids` at `temperature` (the scoring temperature: 1 for
+    greedy); they enable the drift measures.
+    """
+
+    messages: list[dict[str, Any]]
+    text: str
+    token_ids: list[int]
+    prompt_ids: list[int]
+    logprobs: list[float] | None = None
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
+            raise ValueError(f"{len(self.token_ids)} token ids but {len(self.logprobs)} behaviour logprobs")
+        if not 0 < self.temperature <= 2:
+            raise ValueError(f"temperature must be in (0, 2] (the scoring temperature), got {self.temperature}")
+
+    @classmethod
+    def from_generation(cls, messages: list[dict[str, Any]], gen: Generation, drift: bool = True) -> Reply:
+        """A reply from an engine's Generation; `drift=False` drops the behaviour logprobs (base replies
+        measured for calibration need no KL, and skipping it saves a scoring pass when T != 1)."""
+        return cls(messages, gen.content, list(gen.token_ids), list(gen.prompt_ids),
+                   list(gen.logprobs) if drift else None, gen.temperature)
+
+    @property
+    def empty(self) -> bool:
+        return not self.text.strip()
+
+
+@dataclass(frozen=True)
+class Quality:
+    """The measures of one reply. `fluency` is None only when the reply has no tokens to score;
+    `kl` and `entropy` are None when no behaviour logprobs were given (nats per token)."""
+
+    relevance: float
+    fluency: float | None
+    repetition: float
+    empty: bool
+    n_tokens: int
+    kl: float | None = None
+    entropy: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"relevance": self.relevance, "fluency": self.fluency, "repetition": self.repetition,
+                "empty": self.empty, "n_tokens": self.n_tokens, "kl": self.kl, "entropy": self.entropy}
+
+
+def request_text(messages: Sequence[dict[str, Any]]) -> str:
+    """The text of the last user message: what the reply should be about."""
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].get("role") == "user":
+            return text_of(messages[i].get("content"), f"messages[{i}].content")
+    raise ValueError("a reply's relevance needs a user message in its request")
+
+
+def words(text: str) -> list[str]:
+    """Lower-cased words (letters, digits, inner apostrophes); punctuation and markup are dropped."""
+    return [w.lower() for w in _WORD.findall(text)]
+
+
+def repetition(text: str, n: int = NGRAM) -> float:
+    """Share of word n-grams that repeat an earlier n-gram: 1 - distinct / total.
+
+    0 for a reply of fewer than n words (nothing to repeat); "the the the the the" (three 3-grams,
+    one distinct) gives 2/3, and a long loop tends to 1.
+    """
+    w = words(text)
+    grams = [tuple(w[i:i + n]) for i in range(len(w) - n + 1)]
+    if not grams:
+        return 0.0
+    return 1.0 - len(set(grams)) / len(grams)
+
+
+def mean(values: Sequence[float]) -> float:
+    """Arithmetic mean; raises on an empty sequence (an empty mean is a caller bug, not 0)."""
+    if not values:
+        raise ValueError("mean of nothing")
+    return math.fsum(values) / len(values)
+
+
+def fluency(base_logprobs: Sequence[float]) -> float:
+    """The base model's mean logprob per reply token (temperature 1)."""
+    return mean(base_logprobs)
+
+
+def kl_estimate(version_logprobs: Sequence[float], base_logprobs: Sequence[float]) -> float:
+    """KL(version || base) per token, estimated on tokens sampled from the version: mean(lp_v - lp_b)."""
+    if len(version_logprobs) != len(base_logprobs):
+        raise ValueError(f"{len(version_logprobs)} version logprobs but {len(base_logprobs)} base logprobs")
+    return mean([v - b for v, b in zip(version_logprobs, base_logprobs)])
+
+
+def entropy_estimate(version_logprobs: Sequence[float]) -> float:
+    """The version's entropy per token, estimated on its own samples: -mean(lp_v)."""
+    return -mean(version_logprobs)

@@ -1,0 +1,105 @@
+"""Measuring replies: the engine scores them against the base, the embedder compares them with
+their requests.
+
+Everything that can overlap does: the base model's scoring calls are gathered (the engine batches
+or queues them; `concurrency` bounds how many are in flight, for remote engines), and the
+embedder, synchronous CPU work, runs in a worker thread meanwhile. Texts are embedded once each,
+in batches (a GRPO group shares one request), and empty replies are not embedded at all: their
+relevance is 0.
+
+The base is the engine with no adapter (`adapter=None`). With full fine-tuning (`load_weights`)
+the engine's own weights are the version, so a separate base engine must be passed instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from clawr1.engine.base import Engine
+from clawr1.quality.calibration import Calibration, calibrate
+from clawr1.quality.measures import (
+    Quality,
+    Reply,
+    entropy_estimate,
+    fluency,
+    kl_estimate,
+    repetition,
+    request_text,
+)
+from clawr1.reward.embed import Embedder
+
+EMBED_BATCH = 64
+
+
+class QualityMeter:
+    """Measures batches of replies against the base model (`engine` with no adapter)."""
+
+    def __init__(self, engine: Engine, embedder: Embedder, concurrency: int = 16, embed_batch: int = EMBED_BATCH):
+        self.engine = engine
+        self.embedder = embedder
+        self.embed_batch = embed_batch
+        self.concurrency = concurrency
+
+    @classmethod
+    def load(cls, engine: Engine, concurrency: int = 16) -> QualityMeter:
+        """A meter with the bundled MiniLM embedder (raises if its package is not installed)."""
+        return cls(engine, Embedder.shared(), concurrency)
+
+    async def measure(self, replies: Sequence[Reply]) -> list[Quality]:
+        """The measures of each reply, in order."""
+        qualities, _, _ = await self._measure(replies)
+        return qualities
+
+    async def calibrate(self, base_replies: Sequence[Reply], **options: Any) -> tuple[Calibration, list[Quality]]:
+        """Measure the base model's own replies and derive their normal range (`options`: see
+        `calibrate`). The chance edge of relevance pairs each reply with every request of the set
+        other than its own (n x (distinct requests - 1) cosines, from embeddings already computed)."""
+        measured, vectors, requests = await self._measure(base_replies)
+        chance = [float(vectors[r.text] @ vectors[other])
+                  for r, own in zip(base_replies, requests) if not r.empty
+                  for other in dict.fromkeys(requests) if other != own]
+        return calibrate(measured, chance or None, **options), measured
+
+    async def _measure(self, replies: Sequence[Reply]) -> tuple[list[Quality], dict[str, torch.Tensor], list[str]]:
+        requests = [request_text(r.messages) for r in replies]
+        texts = list(dict.fromkeys(requests + [r.text for r in replies if not r.empty]))
+        gate = asyncio.Semaphore(self.concurrency)  # per call: a semaphore belongs to one event loop
+        vectors, scores = await asyncio.gather(asyncio.to_thread(self._embed, texts),
+                                               asyncio.gather(*(self._score(r, gate) for r in replies)))
+        out = []
+        for reply, request, (base_t1, base_t) in zip(replies, requests, scores):
+            relevance = 0.0 if reply.empty else float(vectors[request] @ vectors[reply.text])
+            kl = entropy = None
+            if reply.logprobs is not None and reply.token_ids:
+                kl = kl_estimate(reply.logprobs, base_t)
+                entropy = entropy_estimate(reply.logprobs)
+            out.append(Quality(relevance=relevance, fluency=fluency(base_t1) if base_t1 else None,
+                               repetition=repetition(reply.text), empty=reply.empty,
+                               n_tokens=len(reply.token_ids), kl=kl, entropy=entropy))
+        return out, vectors, requests
+
+    def _embed(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        """text -> its L2-normalised embedding (a 1-d tensor), in batches of `embed_batch`."""
+        out = {}
+        for start in range(0, len(texts), self.embed_batch):
+            chunk = texts[start:start + self.embed_batch]
+            out.update(zip(chunk, self.embedder(chunk)))
+        return out
+
+    async def _score(self, reply: Reply, gate: asyncio.Semaphore) -> tuple[list[float], list[float]]:
+        """The base's logprobs of the reply at temperature 1 (fluency) and at the reply's sampling
+        temperature (drift; the same list when that is 1 or no drift is asked for)."""
+        if not reply.token_ids:
+            return [], []
+        async with gate:
+            base_t1 = await self.engine.score(reply.prompt_ids, reply.token_ids, adapter=None, temperature=1.0)
+        if reply.logprobs is None or reply.temperature == 1.0:
+            return base_t1, base_t1
+        async with gate:
+            base_t = await self.engine.score(reply.prompt_ids, reply.token_ids, adapter=None,
+                                             temperature=reply.temperature)
+        return base_t1, base_t

@@ -1,0 +1,113 @@
+"""The Ray deployment's client-side pieces without a cluster: `RayPool` over a stand-in actor handle
+(what the gateway's event loop may and may not wait for) and the router's replica watcher (what it
+logs while a restarted replica is not ready). The whole deployment on a real local Ray: test_ray.py."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+
+from clawr1.cluster.pool import RayPool
+from clawr1.cluster.router import RouterEngine
+from clawr1.core.config import EngineConfig
+from clawr1.core.records import Reward, Step
+from tests.conftest import run
+
+
+class Ref:
+    """An ObjectRef stand-in: `.future()` is the concurrent future the actor's answer resolves."""
+
+    def __init__(self) -> None:
+        self.answer: Future = Future()
+
+    def future(self) -> Future:
+        return self.answer
+
+
+class Method:
+    def __init__(self, calls: list[tuple], name: str) -> None:
+        self.calls, self.name = calls, name
+
+    def remote(self, *args) -> Ref:
+        ref = Ref()
+        self.calls.append((self.name, args, ref))
+        return ref
+
+
+class PoolActor:
+    """The pool service's handle, answering nothing until the test says so."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.append_step, self.call = Method(self.calls, "append_step"), Method(self.calls, "call")
+
+
+def step(step_id: str) -> Step:
+    return Step(step_id=step_id, tenant="default", session_id="s", prompt_id="s", turn_index=0, turn_type="main",
+                messages=[{"role": "user", "content": "hi"}], tools=None, prompt_ids=[1], token_ids=[2],
+                logprobs=[-0.5], text="ok", policy_version=0, adapter=None, finish_reason="stop", temperature=1.0)
+
+
+def test_ray_pool_writes_return_before_the_actor_answers_and_pending_writes_is_local():
+    actor = PoolActor()
+    pool = RayPool(actor)
+    submitted = threading.Event()
+
+    def submit() -> None:  # in a thread: were a submit to wait for the actor, this would never finish
+        futures.extend([pool.submit_step(step("a")), pool.submit_step(step("b")),
+                        pool.submit_reward(Reward(step_id="a", score=1.0, source="judge"))])
+        submitted.set()
+
+    futures: list[Future] = []
+    threading.Thread(target=submit, daemon=True).start()
+    assert submitted.wait(5), "a submit waited for the actor"
+    assert not any(f.done() for f in futures)
+    assert pool.pending_writes() == 3
+    assert [name for name, _, _ in actor.calls] == ["append_step", "append_step", "call"]  # no round trip to count
+    for _, _, ref in actor.calls[:2]:
+        ref.answer.set_result(True)
+    actor.calls[2][2].answer.set_exception(KeyError("a"))  # a failed write is answered too
+    assert [f.result() for f in futures[:2]] == [True, True] and pool.pending_writes() == 0
+
+
+def test_the_watcher_logs_why_a_downed_replica_is_not_back_yet(tiny_model_dir, caplog):
+    class Replica:
+        """Restarting for one round, then back but unable to load the served adapter once."""
+
+        def __init__(self) -> None:
+            self.asked = self.loads = 0
+            self.ready, self.load_adapter = self, Loader(self)
+
+        async def remote(self):  # ready()
+            self.asked += 1
+            if self.asked == 1:
+                raise ConnectionError("replica restarting")
+            return {"policy": 1, "weights": 0}
+
+    class Loader:
+        def __init__(self, replica: Replica) -> None:
+            self.replica = replica
+
+        async def remote(self, name: str, path: str) -> int:
+            self.replica.loads += 1
+            if self.replica.loads == 1:
+                raise OSError(f"cannot read {path}")
+            return 2
+
+    replica = Replica()
+    router = RouterEngine(tiny_model_dir, EngineConfig(), [replica])
+    router._versions, router._paths, router.up = {"policy": 2}, {"policy": Path("/adapters/policy/v2")}, [False]
+
+    async def go() -> None:
+        with caplog.at_level(logging.DEBUG, logger="clawr1.cluster.router"):
+            await asyncio.wait_for(router._watch(), timeout=20)
+
+    run(go())
+    assert router.up == [True] and replica.loads == 2
+    messages = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert (logging.DEBUG, "engine replica 0 is not back yet: ConnectionError('replica restarting')") in messages
+    assert any(level == logging.WARNING and "could not load the current versions" in text
+               and "cannot read /adapters/policy/v2" in text for level, text in messages)

@@ -1,0 +1,143 @@
+"""The guard between the trainer and the users, on the tiny engine over real HTTP: held-out probes
+come from traffic and leave training; a candidate identical in behaviour to the base is promoted
+and served; a wildly drifted one is rejected and never served; verdicts, the decision log, pins and
+rollbacks are visible; and the trainer undoes a rejected version exactly."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
+
+from clawr1.core.config import load_config
+from clawr1.datapool import SQLitePool
+from clawr1.engine import adapters as store
+from clawr1.engine.local import LocalEngine
+from clawr1.core.config import EngineConfig
+from tests.conftest import run
+from tests.gateway_helpers import live_gateway, wait_for
+
+GUARD = ("guard.probes=8", "guard.probe_max_tokens=8", "gateway.adapter_poll_s=0.1")
+
+
+def publish(tiny_model_dir, root, version: int, scale: float):
+    """A LoRA version: B = 0 (scale 0) behaves exactly as the base; a large scale wrecks the model."""
+    torch.manual_seed(version)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj"],
+                                      init_lora_weights=False), adapter_name="policy")
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 1.0).mul_(scale)
+    return store.publish(model, root / "adapters", "policy", version)
+
+
+@pytest.fixture
+def fresh(tiny_model_dir):
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8))
+    yield engine
+    run(engine.close())
+
+
+def talk(base: str, n: int) -> None:
+    for i in range(n):
+        body = {"model": "m", "max_tokens": 6, "messages": [{"role": "user", "content": f"Question {i}: how do I cook rice?"}]}
+        assert httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60).status_code == 200
+
+
+def fingerprint(base: str) -> str:
+    body = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "who answers?"}]}
+    return httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60).json()["system_fingerprint"]
+
+
+def test_the_guard_promotes_a_sane_version_and_never_serves_a_broken_one(fresh, tiny_model_dir, tmp_path):
+    with live_gateway(fresh, tmp_path, *GUARD) as (base, pool):
+        talk(base, 10)  # traffic to hold probes out of
+        publish(tiny_model_dir, tmp_path, 1, scale=0.0)
+        verdict = wait_for(lambda: store.verdict(tmp_path / "adapters", "policy", 1), 120, "a verdict on v1")
+        assert verdict["status"] == "promoted", verdict
+        assert verdict["scores"]["candidate"]["sane_rate"] >= verdict["scores"]["base"]["sane_rate"] - 0.1
+        wait_for(lambda: fingerprint(base) == "clawr1-v1", 10, "v1 served")
+
+        publish(tiny_model_dir, tmp_path, 2, scale=30.0)
+        verdict = wait_for(lambda: store.verdict(tmp_path / "adapters", "policy", 2), 120, "a verdict on v2")
+        assert verdict["status"] == "rejected" and "KL" in verdict["reason"], verdict
+        assert verdict["scores"]["candidate"]["kl"] > 1.0
+        assert fingerprint(base) == "clawr1-v1"  # the rejected version never served a request
+        assert "policy@candidate" not in fresh.adapters()
+
+        # Probes are held out of training and their replies are side turns anyone can read.
+        probes = [s for s in pool.samples(limit=100) if s["reason"] == "probe"]
+        assert len(probes) == 8 and all(s["status"] == "dropped" for s in probes)
+        sessions = {s["session_id"] for s in pool.sessions(limit=100)}
+        assert {"probe:base:set1", "probe:policy@candidate:v1", "probe:policy@candidate:v2"} <= sessions
+        log = [(d["version"], d["status"]) for d in pool.policy_versions("policy")]
+        assert log == [(1, "promoted"), (2, "rejected")]
+        # The dashboard shows each verdict beside the version's numbers, and /metrics counts them.
+        rows = {r["version"]: r for r in httpx.get(f"{base}/dashboard/api/summary").json()["versions"]}
+        assert rows[1]["probe_status"] == "promoted" and rows[2]["probe_status"] == "rejected"
+        assert rows[2]["probe_kl"] > 1.0 and rows[1]["probe_sane_rate"] is not None
+        page = httpx.get(f"{base}/metrics").text
+        assert 'clawr1_guard_decisions_total{decision="rejected"} 1.0' in page
+        assert 'clawr1_served_quality{adapter="policy",measure="sane_rate",who="served"}' in page
+
+        # The admin's levers: pin the base, then roll back.
+        store.set_control(tmp_path / "adapters", "policy", pinned=0)
+        wait_for(lambda: fingerprint(base) == "clawr1-v0", 10, "the pinned base served")
+        store.set_control(tmp_path / "adapters", "policy", pinned=None)
+        wait_for(lambda: fingerprint(base) == "clawr1-v1", 10, "the newest promoted served again")
+        store.set_control(tmp_path / "adapters", "policy", rollback={"to": 0, "id": "r1"})
+        wait_for(lambda: fingerprint(base) == "clawr1-v0", 10, "rolled back to the base")
+        assert store.verdict(tmp_path / "adapters", "policy", 1)["status"] == "superseded"
+        statuses = [d["status"] for d in pool.policy_versions("policy")]
+        assert statuses[-3:] == ["pinned", "unpinned", "rolled_back"]
+
+
+def test_the_trainer_undoes_a_rejected_version_and_keeps_a_promoted_one(tiny_model_dir, tmp_path, generations):
+    from clawr1.core.records import Reward, Step
+    from clawr1.trainer.loop import Trainer
+
+    def store_samples(pool, pairs, offset: int) -> None:  # real sampled replies, rewarded: READY samples
+        for i, (messages, gen) in enumerate(pairs, start=offset):
+            pool.append_step(Step(step_id=f"g-{i}", tenant="default", session_id=f"s{i}", prompt_id=f"s{i}",
+                                  turn_index=0, turn_type="main", messages=messages, tools=None,
+                                  prompt_ids=gen.prompt_ids, token_ids=gen.token_ids, logprobs=gen.logprobs,
+                                  text=gen.text, policy_version=0, adapter=None, finish_reason=gen.finish_reason,
+                                  temperature=gen.temperature))
+            pool.add_reward(Reward(step_id=f"g-{i}", score=1.0 if i % 2 == 0 else -1.0, source="test"))
+
+    config = load_config(None, [f'data_dir="{tmp_path}"', f'engine.model="{tiny_model_dir}"', "trainer.batch_size=4",
+                                "trainer.lr=0.05", "trainer.poll_s=0.02", "guard.decision_timeout_s=30"])
+    pool = SQLitePool(tmp_path, config.pool)
+    trainer = Trainer(config, pool)
+    root = tmp_path / "adapters"
+
+    def judge(version: int, status: str) -> None:  # the guard's part, from another thread
+        wait_for(lambda: store.newest(root, "policy") and store.newest(root, "policy")[0] == version, 30)
+        store.decide(root, "policy", version, status, "test", {})
+
+    before = {k: v.clone() for k, v in trainer.policy.named_trainable().items()}
+    store_samples(pool, generations[:4], 0)
+    threading.Thread(target=judge, args=(1, "rejected"), daemon=True).start()
+    metrics = trainer.run_once()
+    assert metrics["verdict"] == "rejected" and trainer.version == 1 and trainer.promoted == 0
+    after = trainer.policy.named_trainable()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # exactly the incumbent again
+
+    store_samples(pool, generations[4:8], 4)
+    threading.Thread(target=judge, args=(2, "promoted"), daemon=True).start()
+    metrics = trainer.run_once()
+    assert metrics["verdict"] == "promoted" and trainer.promoted == 2
+    moved = trainer.policy.named_trainable()
+    assert any(not torch.equal(before[k], moved[k]) for k in before)
+    trainer.close()
+    resumed = Trainer(config, pool)  # the promoted state is what a restart resumes
+    assert resumed.promoted == 2 and all(torch.equal(moved[k], v) for k, v in resumed.policy.named_trainable().items())
+    resumed.close()
+    pool.close()

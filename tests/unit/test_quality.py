@@ -1,0 +1,221 @@
+"""Reply quality: exact maths on the tiny model and the real MiniLM embedder, calibration edges,
+sanity decisions and the guard's paired verdict."""
+
+import asyncio
+import json
+
+import pytest
+
+from clawr1.core.config import EngineConfig
+from clawr1.core.types import SamplingParams
+from clawr1.engine.local import LocalEngine
+from clawr1.quality import (
+    Calibration,
+    Quality,
+    QualityMeter,
+    Reply,
+    Summary,
+    calibrate,
+    insane_because,
+    not_worse,
+    quantile,
+    repetition,
+    request_text,
+    sane,
+    summarize,
+)
+from clawr1.reward.embed import Embedder
+from tests.conftest import run
+from tests.unit.test_adapters import make_adapter
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return Embedder.load()
+
+
+@pytest.fixture
+def drift_engine(tiny_model_dir, tmp_path):
+    """A fresh tiny engine with a random LoRA adapter `policy` loaded: a version that has drifted."""
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8))
+    run(engine.load_adapter("policy", make_adapter(tiny_model_dir, tmp_path, 1, seed=0)))
+    yield engine
+    run(engine.close())
+
+
+def q(relevance=0.6, fluency=-1.5, rep=0.0, empty=False, kl=None, entropy=None):
+    return Quality(relevance, fluency, rep, empty, 10, kl, entropy)
+
+
+def mean(xs):
+    return sum(xs) / len(xs)
+
+
+def test_repetition_of_known_strings():
+    assert repetition("the the the the the") == pytest.approx(2 / 3)  # three 3-grams, one distinct
+    assert repetition("The cat sat. the CAT sat!") == pytest.approx(1 / 4)  # case and punctuation dropped
+    assert repetition(" ".join(["the"] * 42)) == pytest.approx(1 - 1 / 40)
+    assert repetition("Boil water, add the tea, wait three minutes.") == 0.0
+    assert repetition("Two words") == repetition("") == 0.0  # too short to repeat a 3-gram
+
+
+def test_request_text_is_the_last_user_message():
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "first"},
+                {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": [{"type": "text", "text": "How do I "},
+                                             {"type": "text", "text": "boil an egg?"}]},
+                {"role": "tool", "content": "42"}]
+    assert request_text(messages) == "How do I boil an egg?"
+    with pytest.raises(ValueError):
+        request_text([{"role": "system", "content": "no user here"}])
+
+
+def test_fluency_and_drift_are_exact_means_of_engine_scores(drift_engine, embedder):
+    """Fluency = mean base logprob at T=1; KL = mean(behaviour - base at the sampling T); entropy = -mean(behaviour)."""
+    engine = drift_engine
+    messages = [[{"role": "user", "content": f"Tell me about topic {i}."}] for i in range(4)]
+
+    async def go():
+        prompts = [engine.render(m) for m in messages]
+        gens = await asyncio.gather(*[engine.generate(p, SamplingParams(max_tokens=16, temperature=0.8, seed=i),
+                                                      adapter="policy").final() for i, p in enumerate(prompts)])
+        replies = [Reply.from_generation(m, g) for m, g in zip(messages, gens)]
+        measured = await QualityMeter(engine, embedder).measure(replies)
+        base_t1 = [await engine.score(g.prompt_ids, g.token_ids, adapter=None, temperature=1.0) for g in gens]
+        base_t = [await engine.score(g.prompt_ids, g.token_ids, adapter=None, temperature=0.8) for g in gens]
+        return gens, measured, base_t1, base_t
+
+    gens, measured, base_t1, base_t = run(go())
+    for gen, m, b1, bt in zip(gens, measured, base_t1, base_t):
+        assert gen.temperature == 0.8 and m.n_tokens == len(gen.token_ids) > 0
+        assert m.fluency == pytest.approx(mean(b1), abs=1e-6)
+        assert m.kl == pytest.approx(mean([v - b for v, b in zip(gen.logprobs, bt)]), abs=1e-6)
+        assert m.entropy == pytest.approx(-mean(gen.logprobs), abs=1e-6)
+    assert mean([m.kl for m in measured]) > 0.05  # a random adapter drifts: KL is positive on its own samples
+
+
+def test_base_replies_have_no_drift_and_relevance_is_the_embedding_cosine(engine, embedder, generations):
+    replies = [Reply.from_generation(m, g) for m, g in generations]
+    measured = run(QualityMeter(engine, embedder).measure(replies))
+    for reply, m in zip(replies, measured):
+        assert abs(m.kl) < 1e-4  # sampled from the base itself: KL(base || base) = 0
+        assert m.entropy == pytest.approx(-mean(reply.logprobs))
+        if not reply.empty:
+            request, text = embedder([request_text(reply.messages), reply.text])
+            assert m.relevance == pytest.approx(float(request @ text), abs=1e-5)
+    # Without behaviour logprobs there is no drift to report.
+    plain = Reply.from_generation(*generations[0], drift=False)
+    assert run(QualityMeter(engine, embedder).measure([plain]))[0].kl is None
+
+
+def test_empty_and_whitespace_replies_are_never_sane(engine, embedder):
+    messages = [{"role": "user", "content": "How can I sleep better?"}]
+    prompt = engine.render(messages)
+    blank = Reply(messages, " \n ", engine.tokenizer.encode(" \n ", add_special_tokens=False), prompt)
+    nothing = Reply(messages, "", [], prompt)
+    measured = run(QualityMeter(engine, embedder).measure([blank, nothing]))
+    assert [m.empty for m in measured] == [True, True] and [m.relevance for m in measured] == [0.0, 0.0]
+    assert measured[0].fluency is not None and measured[1].fluency is None  # nothing to score
+    generous = Calibration(-1.0, -100.0, 1.0, 16, 0.5, -1.0, 0.0)
+    assert not sane(measured[0], generous) and insane_because(measured[1], generous) == ["empty"]
+
+
+def test_calibration_thresholds_from_a_given_set():
+    base = [q(relevance=r / 10, fluency=-1 - r / 10, rep=0.01 * r) for r in range(11)] + [q(empty=True)]
+    cal = calibrate(base)
+    assert cal.n == 11  # the empty reply is left out
+    # relevance 0.0..1.0: 10th percentile 0.1, median 0.5, margin 1.0 x (0.5 - 0.1) below it.
+    assert cal.relevance_min == pytest.approx(0.1 - 0.4) and cal.relevance_median == pytest.approx(0.5)
+    # fluency -1.0..-2.0: 10th percentile -1.9, median -1.5.
+    assert cal.fluency_min == pytest.approx(-1.9 - 0.4) and cal.fluency_median == pytest.approx(-1.5)
+    # repetition 0..0.10: 90th percentile 0.09 + (0.09 - 0.05) = 0.13, under the 0.25 floor.
+    assert cal.repetition_max == 0.25
+    assert calibrate(base, repetition_floor=0.0).repetition_max == pytest.approx(0.13)
+    assert calibrate(base, margin=0.5).relevance_min == pytest.approx(0.1 - 0.2)
+    # The chance edge lifts relevance's threshold when other requests' cosines reach higher.
+    chance = [i / 100 for i in range(101)]
+    lifted = calibrate(base, chance)
+    assert lifted.relevance_chance == pytest.approx(0.95) and lifted.relevance_min == pytest.approx(0.95)
+    assert calibrate(base, [-0.5] * 20).relevance_min == pytest.approx(-0.3)  # the base edge is the higher
+    assert quantile([3.0, 1.0, 2.0, 4.0], 0.5) == 2.5 and quantile([5.0], 0.1) == 5.0
+    with pytest.raises(ValueError):
+        calibrate(base[:7])  # fewer than 8 replies: the edges would be noise
+
+
+def test_calibration_round_trips_through_json():
+    cal = calibrate([q(relevance=0.5 + i / 100, fluency=-1.2 - i / 50) for i in range(16)], [0.1, 0.2, 0.3])
+    assert Calibration.from_dict(json.loads(json.dumps(cal.to_dict()))) == cal
+    no_chance = Calibration(0.3, -2.0, 0.25, 16, 0.6, -1.4, 0.0)
+    assert Calibration.from_dict(json.loads(json.dumps(no_chance.to_dict()))) == no_chance
+    with pytest.raises(ValueError):
+        Calibration.from_dict({**cal.to_dict(), "surprise": 1})
+    with pytest.raises(ValueError):
+        Calibration.from_dict({"relevance_min": 0.3})
+
+
+def test_sane_decisions_at_the_edges():
+    cal = Calibration(relevance_min=0.3, fluency_min=-2.0, repetition_max=0.25, n=16, relevance_median=0.6,
+                      fluency_median=-1.4, repetition_median=0.0)
+    assert sane(q(0.3, -2.0, 0.25), cal)  # edges are inside the normal range
+    assert not sane(q(0.29, -1.0, 0.0), cal) and insane_because(q(0.29), cal) == ["relevance 0.290 < 0.300"]
+    assert not sane(q(0.9, -2.01, 0.0), cal)
+    assert not sane(q(0.9, -1.0, 0.26), cal)
+    assert not sane(q(0.9, None, 0.0), cal)
+    assert len(insane_because(q(0.0, -5.0, 0.9), cal)) == 3
+
+
+def test_summary_means_sane_rate_and_preferred_and_sane():
+    cal = Calibration(0.3, -2.0, 0.25, 16, 0.6, -1.4, 0.0)
+    replies = [q(0.8, -1.0, 0.0, kl=0.1, entropy=1.0), q(0.1, -1.0, 0.0, kl=0.3, entropy=0.5),
+               q(0.6, -3.0, 0.5, kl=0.2, entropy=0.0), q(0.5, -1.5, 0.1, kl=0.0, entropy=1.5)]
+    s = summarize(replies, cal, preferred=[True, True, True, False])
+    assert s.n == 4 and s.sane_rate == 0.5 and s.preferred_and_sane == 0.25
+    assert (s.relevance, s.fluency, s.repetition) == pytest.approx((0.5, -1.625, 0.15))
+    assert (s.kl, s.entropy) == pytest.approx((0.15, 0.75))
+    without = summarize([q(0.8), q(0.8, kl=0.1, entropy=1.0)], cal)
+    assert without.kl is None and without.entropy is None and without.preferred_and_sane is None
+    assert json.loads(json.dumps(s.to_dict()))["sane_rate"] == 0.5
+    with pytest.raises(ValueError):
+        summarize(replies, cal, preferred=[True])
+    with pytest.raises(ValueError):
+        summarize([], cal)
+
+
+def test_paired_verdict_both_ways():
+    reference = Summary(n=32, relevance=0.6, fluency=-1.4, repetition=0.01, sane_rate=0.9, kl=0.0, entropy=1.2)
+    close = Summary(n=32, relevance=0.58, fluency=-1.5, repetition=0.02, sane_rate=0.84, kl=0.05, entropy=1.1)
+    degenerate = Summary(n=32, relevance=0.1, fluency=-3.2, repetition=0.0, sane_rate=0.12, kl=0.9, entropy=0.2)
+    ok = not_worse(close, reference, bound=0.1, max_kl=0.5)
+    assert ok.ok and ok.reason.startswith("not worse") and "0.84 vs 0.90" in ok.reason
+    bad = not_worse(degenerate, reference, bound=0.1, max_kl=0.5)
+    assert not bad.ok and "sane rate 0.12 vs 0.90" in bad.reason and "KL 0.900" in bad.reason
+    assert not not_worse(close, reference, bound=0.05).ok  # 0.06 lower is past a 0.05 bound
+    assert not_worse(reference, close, bound=0.0).ok  # better always passes
+    drifted = Summary(n=32, relevance=0.6, fluency=-1.4, repetition=0.0, sane_rate=0.9, kl=0.7, entropy=0.4)
+    verdict = not_worse(drifted, reference, max_kl=0.5)
+    assert not verdict.ok and verdict.reason == "worse: KL 0.700 nats/token (max 0.500)"
+    with pytest.raises(ValueError):
+        not_worse(Summary(n=8, relevance=0.6, fluency=-1.4, repetition=0.0, sane_rate=0.9), reference)
+    with pytest.raises(ValueError):
+        not_worse(Summary(n=32, relevance=0.6, fluency=-1.4, repetition=0.0, sane_rate=0.9), reference, max_kl=0.5)
+
+
+def test_meter_calibrates_with_the_chance_edge_of_other_requests(engine, embedder, generations):
+    replies = [Reply.from_generation(m, g, drift=False) for m, g in generations]
+    cal, measured = run(QualityMeter(engine, embedder).calibrate(replies))
+    assert cal == calibrate(measured, _chance(embedder, replies))
+    assert cal.n == sum(not r.empty for r in replies) and cal.relevance_chance is not None
+
+
+def _chance(embedder, replies):
+    """Cosines of each non-empty reply with every other request, computed the slow way."""
+    requests = [request_text(r.messages) for r in replies]
+    out = []
+    for reply, own in zip(replies, requests):
+        if reply.empty:
+            continue
+        for other in dict.fromkeys(requests):
+            if other != own:
+                a, b = embedder([reply.text, other])
+                out.append(float(a @ b))
+    return out
