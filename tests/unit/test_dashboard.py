@@ -97,7 +97,7 @@ def test_page_renders_every_panel_with_curves_and_escapes_conversations(trained)
     for panel in ("overview", "curves", "versions", "queue", "sessions"):
         assert f'data-panel="{panel}"' in html
     charts = re.findall(r'data-series="(\d+)" data-points="(\d+)"', html)
-    assert len(charts) == 3 and all(int(points) >= 3 for _, points in charts)  # reward, preference, latency
+    assert len(charts) == 4 and all(int(points) >= 3 for _, points in charts)  # reward, preference, drift, latency
     assert "conv-1" in html and "<script>alert" not in html
     panels = admin(base, "/dashboard/panels").json()
     assert set(panels) == {"overview", "curves", "versions", "queue", "sessions"} and "v3" in panels["versions"]

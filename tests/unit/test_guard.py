@@ -97,6 +97,11 @@ def test_the_guard_promotes_a_sane_version_and_never_serves_a_broken_one(fresh, 
         assert store.verdict(tmp_path / "adapters", "policy", 1)["status"] == "superseded"
         statuses = [d["status"] for d in pool.policy_versions("policy")]
         assert statuses[-3:] == ["pinned", "unpinned", "rolled_back"]
+        # The dashboard's buttons pull the same levers (open here: no keys, loopback only).
+        answer = httpx.post(f"{base}/dashboard/versions", data={"action": "pin", "version": "1"})
+        assert answer.status_code == 303 and store.control(tmp_path / "adapters", "policy")["pinned"] == 1
+        assert httpx.post(f"{base}/dashboard/versions", data={"action": "pin", "version": "9"}).status_code == 404
+        assert httpx.post(f"{base}/dashboard/versions", data={"action": "drop", "version": "1"}).status_code == 400
 
 
 def test_the_trainer_undoes_a_rejected_version_and_keeps_a_promoted_one(tiny_model_dir, tmp_path, generations):

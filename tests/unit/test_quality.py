@@ -9,6 +9,7 @@ import pytest
 from clawr1.core.config import EngineConfig
 from clawr1.core.types import SamplingParams
 from clawr1.engine.local import LocalEngine
+from clawr1.quality.meter import SAME_TOPIC
 from clawr1.quality import (
     Calibration,
     Quality,
@@ -59,19 +60,23 @@ def test_repetition_of_known_strings():
     assert repetition("Two words") == repetition("") == 0.0  # too short to repeat a 3-gram
 
 
-def test_request_text_is_the_last_user_message():
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "first"},
+def test_request_text_is_the_last_user_message_then_the_one_before():
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "zeroth"},
+                {"role": "user", "content": "How do I boil an egg?"},
                 {"role": "assistant", "content": "ok"},
-                {"role": "user", "content": [{"type": "text", "text": "How do I "},
-                                             {"type": "text", "text": "boil an egg?"}]},
+                {"role": "user", "content": [{"type": "text", "text": "Shorter, "},
+                                             {"type": "text", "text": "please."}]},
                 {"role": "tool", "content": "42"}]
-    assert request_text(messages) == "How do I boil an egg?"
+    assert request_text(messages) == "Shorter, please.\nHow do I boil an egg?"  # the topic is often one turn back
+    assert request_text(messages[:3]) == "How do I boil an egg?\nzeroth"
+    assert request_text(messages[:2]) == "zeroth"
     with pytest.raises(ValueError):
         request_text([{"role": "system", "content": "no user here"}])
 
 
 def test_fluency_and_drift_are_exact_means_of_engine_scores(drift_engine, embedder):
-    """Fluency = mean base logprob at T=1; KL = mean(behaviour - base at the sampling T); entropy = -mean(behaviour)."""
+    """Fluency = mean base logprob at the sampling T (one scoring pass serves both); KL = mean(behaviour -
+    base at that T); entropy = -mean(behaviour)."""
     engine = drift_engine
     messages = [[{"role": "user", "content": f"Tell me about topic {i}."}] for i in range(4)]
 
@@ -81,14 +86,13 @@ def test_fluency_and_drift_are_exact_means_of_engine_scores(drift_engine, embedd
                                                       adapter="policy").final() for i, p in enumerate(prompts)])
         replies = [Reply.from_generation(m, g) for m, g in zip(messages, gens)]
         measured = await QualityMeter(engine, embedder).measure(replies)
-        base_t1 = [await engine.score(g.prompt_ids, g.token_ids, adapter=None, temperature=1.0) for g in gens]
         base_t = [await engine.score(g.prompt_ids, g.token_ids, adapter=None, temperature=0.8) for g in gens]
-        return gens, measured, base_t1, base_t
+        return gens, measured, base_t
 
-    gens, measured, base_t1, base_t = run(go())
-    for gen, m, b1, bt in zip(gens, measured, base_t1, base_t):
+    gens, measured, base_t = run(go())
+    for gen, m, bt in zip(gens, measured, base_t):
         assert gen.temperature == 0.8 and m.n_tokens == len(gen.token_ids) > 0
-        assert m.fluency == pytest.approx(mean(b1), abs=1e-6)
+        assert m.fluency == pytest.approx(mean(bt), abs=1e-6)
         assert m.kl == pytest.approx(mean([v - b for v, b in zip(gen.logprobs, bt)]), abs=1e-6)
         assert m.entropy == pytest.approx(-mean(gen.logprobs), abs=1e-6)
     assert mean([m.kl for m in measured]) > 0.05  # a random adapter drifts: KL is positive on its own samples
@@ -203,19 +207,24 @@ def test_paired_verdict_both_ways():
 def test_meter_calibrates_with_the_chance_edge_of_other_requests(engine, embedder, generations):
     replies = [Reply.from_generation(m, g, drift=False) for m, g in generations]
     cal, measured = run(QualityMeter(engine, embedder).calibrate(replies))
-    assert cal == calibrate(measured, _chance(embedder, replies))
-    assert cal.n == sum(not r.empty for r in replies) and cal.relevance_chance is not None
+    chance = _chance(embedder, replies)
+    assert cal == calibrate(measured, chance or None)
+    # These requests are one question reworded ("Question number i: tell me something."): no other topic to
+    # pair with, so no chance edge (it would otherwise sit above the replies' own relevance).
+    assert cal.n == sum(not r.empty for r in replies) and (cal.relevance_chance is None) == (not chance)
 
 
 def _chance(embedder, replies):
-    """Cosines of each non-empty reply with every other request, computed the slow way."""
+    """Cosines of each non-empty reply with every request on another topic (requests less similar
+    than SAME_TOPIC to its own), computed the slow way."""
     requests = [request_text(r.messages) for r in replies]
     out = []
     for reply, own in zip(replies, requests):
         if reply.empty:
             continue
         for other in dict.fromkeys(requests):
-            if other != own:
+            mine, theirs = embedder([own, other])
+            if float(mine @ theirs) < SAME_TOPIC:
                 a, b = embedder([reply.text, other])
                 out.append(float(a @ b))
     return out

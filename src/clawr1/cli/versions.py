@@ -70,15 +70,19 @@ def cmd_versions(args: argparse.Namespace, config: Config) -> int:
         print(json.dumps({"adapter": name, "control": store.control(root, name), "versions": rows}))
         return 0
     table = Table(title=f"{name}: versions on disk (probe scores of each candidate; the base is v0)")
-    for column in ("version", "status", "sane", "relevance", "fluency", "KL", "entropy", "why"):
-        table.add_column(column, justify="left" if column in ("status", "why") else "right")
+    for column in ("version", "status", "sane", "relevance", "fluency", "KL", "entropy"):
+        table.add_column(column, justify="left" if column == "status" else "right")
     for row in rows:
         cells = [f"{row[k]:.2f}" if isinstance(row[k], float) else "-" for k in ("sane_rate", "relevance", "fluency",
                                                                                   "kl", "entropy")]
         status = row["status"] + (" (pinned)" if row["pinned"] else "")
         style = {"promoted": "green", "rejected": "red"}.get(row["status"])
-        table.add_row(f"v{row['version']}", status, *cells, row["reason"], style=style)
+        table.add_row(f"v{row['version']}", status, *cells, style=style)
     console.print(table)
+    # The reasons below the table, whole: a squeezed column would cut the one thing a reader needs.
+    for row in rows:
+        if row["reason"]:
+            console.print(f"v{row['version']} {row['status']}: {row['reason']}", soft_wrap=True)
     return 0
 
 

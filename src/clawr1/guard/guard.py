@@ -112,8 +112,10 @@ class Guard:
                              f"v{version}")
         finally:
             await self.gw.engine.unload_adapter(candidate)
+        sampled = time.perf_counter()
         meter = await self.gw.quality_meter()
         summary = await measure(meter, probes.probes, gens, probes.calibration)
+        measured = time.perf_counter()
         incumbent = await self._incumbent(line, probes, meter)
         max_kl = self.config.max_kl if summary.kl is not None else None  # an empty reply has no KL to bound
         against_incumbent = not_worse(summary, incumbent, self.config.sane_bound, max_kl)
@@ -125,7 +127,8 @@ class Guard:
         scores = {"candidate": summary.to_dict(), "incumbent": incumbent.to_dict(), "incumbent_version": line.served,
                   "base": probes.base.to_dict(), "probe_set": probes.number, "probes": len(probes.probes),
                   "from_traffic": sum(not p.step_id.startswith("builtin-") for p in probes.probes),
-                  "seconds": round(time.perf_counter() - started, 2)}
+                  "seconds": round(time.perf_counter() - started, 2), "sample_s": round(sampled - started, 2),
+                  "measure_s": round(measured - sampled, 2)}
         status = "promoted" if ok else "rejected"
         await asyncio.to_thread(self._record, line.name, version, status, reason, scores)
         line.decided = version

@@ -7,7 +7,9 @@ gets four measures that need no labels and no judge:
 - relevance: cosine of the MiniLM embeddings of the request (the last user message) and the
   reply. Catches off-topic replies, however fluent (a copied system prompt, a canned "You're right.").
 - fluency: the *base* model's mean logprob per reply token, teacher-forced with no adapter at
-  temperature 1. Catches broken language ("DEAD BO *this part is just in the image") that a
+  the temperature the reply was sampled at (its calibration comes from base replies sampled at
+  the same temperature, so the scale matches; one scoring pass then also gives the drift below).
+  Catches broken language ("DEAD BO *this part is just in the image") that a
   drifted policy finds likely but the model it started from does not.
 - repetition: the share of word 3-grams that repeat an earlier one. Word n-grams, not token
   n-grams: they are what the user reads and they do not depend on the tokenizer, so a
@@ -89,12 +91,19 @@ class Quality:
                 "empty": self.empty, "n_tokens": self.n_tokens, "kl": self.kl, "entropy": self.entropy}
 
 
+TOPIC_TURNS = 2  # user messages a request's topic is read from
+
+
 def request_text(messages: Sequence[dict[str, Any]]) -> str:
-    """The text of the last user message: what the reply should be about."""
-    for i in range(len(messages) - 1, -1, -1):
-        if messages[i].get("role") == "user":
-            return text_of(messages[i].get("content"), f"messages[{i}].content")
-    raise ValueError("a reply's relevance needs a user message in its request")
+    """What the reply should be about: the last user message, then the one before it. In a
+    conversation the last message is often only a reaction ("Too long, please keep it short.",
+    "That doesn't answer my question.") and the topic is in the turn before; the last comes first,
+    so when the embedder truncates, it keeps the newest."""
+    texts = [text_of(messages[i].get("content"), f"messages[{i}].content")
+             for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "user"][:TOPIC_TURNS]
+    if not texts:
+        raise ValueError("a reply's relevance needs a user message in its request")
+    return "\n".join(texts)
 
 
 def words(text: str) -> list[str]:

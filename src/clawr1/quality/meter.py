@@ -33,6 +33,9 @@ from clawr1.quality.measures import (
 from clawr1.reward.embed import Embedder
 
 EMBED_BATCH = 64
+# Requests this similar are the same question (users of one assistant ask alike): pairing a reply
+# with them would not be "another question", and would raise the chance edge past on-topic replies.
+SAME_TOPIC = 0.7
 
 
 class QualityMeter:
@@ -56,12 +59,14 @@ class QualityMeter:
 
     async def calibrate(self, base_replies: Sequence[Reply], **options: Any) -> tuple[Calibration, list[Quality]]:
         """Measure the base model's own replies and derive their normal range (`options`: see
-        `calibrate`). The chance edge of relevance pairs each reply with every request of the set
-        other than its own (n x (distinct requests - 1) cosines, from embeddings already computed)."""
+        `calibrate`). The chance edge of relevance pairs each reply with every request of the set on
+        another topic than its own (cosine of the two requests below `SAME_TOPIC`), from embeddings
+        already computed."""
         measured, vectors, requests = await self._measure(base_replies)
+        distinct = list(dict.fromkeys(requests))
         chance = [float(vectors[r.text] @ vectors[other])
                   for r, own in zip(base_replies, requests) if not r.empty
-                  for other in dict.fromkeys(requests) if other != own]
+                  for other in distinct if float(vectors[own] @ vectors[other]) < SAME_TOPIC]
         return calibrate(measured, chance or None, **options), measured
 
     async def _measure(self, replies: Sequence[Reply]) -> tuple[list[Quality], dict[str, torch.Tensor], list[str]]:
@@ -91,15 +96,13 @@ class QualityMeter:
         return out
 
     async def _score(self, reply: Reply, gate: asyncio.Semaphore) -> tuple[list[float], list[float]]:
-        """The base's logprobs of the reply at temperature 1 (fluency) and at the reply's sampling
-        temperature (drift; the same list when that is 1 or no drift is asked for)."""
+        """The base's logprobs of the reply, teacher-forced at the reply's own sampling temperature:
+        one pass serves fluency and drift (the KL estimate needs the base at the temperature the
+        version sampled at). Fluency is therefore temperature-specific, and so is its calibration:
+        it comes from base replies to the same requests at the same temperature."""
         if not reply.token_ids:
             return [], []
         async with gate:
-            base_t1 = await self.engine.score(reply.prompt_ids, reply.token_ids, adapter=None, temperature=1.0)
-        if reply.logprobs is None or reply.temperature == 1.0:
-            return base_t1, base_t1
-        async with gate:
-            base_t = await self.engine.score(reply.prompt_ids, reply.token_ids, adapter=None,
-                                             temperature=reply.temperature)
-        return base_t1, base_t
+            base = await self.engine.score(reply.prompt_ids, reply.token_ids, adapter=None,
+                                           temperature=reply.temperature)
+        return base, base
