@@ -182,7 +182,7 @@ def test_batch_advantages_use_the_baseline_from_before_the_batch_then_update_it(
     # p1: (-1 + 0.5) * 0.5; p2: no reward, no signal; p3: 1 + 0.5; the group: +-1 (GRPO)
     assert advantage.tolist() == pytest.approx([-0.25, 0.0, 1.5, 1.0, -1.0], abs=1e-5)
     assert baseline == pytest.approx(0.5 * (0.5 * -0.5 + 0.5 * -1.0) + 0.5 * 1.0)  # p1 then p3; not the group
-    plain, same = rl_advantages(batch, TrainerConfig(), baseline=-0.5)
+    plain, same = rl_advantages(batch, TrainerConfig(baseline="none", negative_weight=1.0), baseline=-0.5)
     assert plain.tolist() == pytest.approx([-1.0, 0.0, 1.0, 1.0, -1.0], abs=1e-5) and same == -0.5
 
 

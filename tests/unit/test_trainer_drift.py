@@ -68,9 +68,11 @@ def test_drift_metrics_are_logged_every_step(tiny_model_dir, tmp_path, generatio
 
 def test_a_large_full_kl_coefficient_holds_the_policy_near_the_base(tiny_model_dir, tmp_path, generations):
     samples = samples_of(generations, [-1.0, -1.0, -1.0, 1.0, -1.0, -1.0, -1.0, -1.0])  # mostly -1
-    free = trained(tiny_model_dir, tmp_path / "free", samples, 4)
-    held = trained(tiny_model_dir, tmp_path / "held", samples, 4, "trainer.kl_coef=10", 'trainer.kl_estimator="full"')
-    k3 = trained(tiny_model_dir, tmp_path / "k3", samples, 4, "trainer.kl_coef=10", 'trainer.kl_estimator="k3"')
+    raw = ('trainer.baseline="none"', "trainer.negative_weight=1")  # the raw -1s: the case that runs away
+    free = trained(tiny_model_dir, tmp_path / "free", samples, 4, "trainer.kl_coef=0", *raw)
+    held = trained(tiny_model_dir, tmp_path / "held", samples, 4, "trainer.kl_coef=10", 'trainer.kl_estimator="full"',
+                   *raw)
+    k3 = trained(tiny_model_dir, tmp_path / "k3", samples, 4, "trainer.kl_coef=10", 'trainer.kl_estimator="k3"', *raw)
     (kl_free, _), (kl_held, _), (kl_k3, _) = drift(free, samples), drift(held, samples), drift(k3, samples)
     # Measured: 1.23 unpenalised, 0.78 with k3 on the sampled tokens, 0.21 with the full KL (nats per token).
     assert kl_free > 0.05 and kl_held < kl_free / 3 and kl_held < kl_k3 < kl_free, (kl_free, kl_held, kl_k3)
@@ -92,7 +94,7 @@ def test_the_entropy_band_moves_the_entropy_toward_it(tiny_model_dir, tmp_path, 
 
 def test_the_reward_baseline_follows_the_online_rewards(tiny_model_dir, tmp_path, generations):
     config = config_for(tiny_model_dir, tmp_path, 'trainer.method="rl"', 'trainer.baseline="ema"',
-                        "trainer.baseline_decay=0.5")
+                        "trainer.baseline_decay=0.5", "trainer.negative_weight=1")
     with SQLitePool(tmp_path, config.pool) as pool:
         trainer = Trainer(config, pool, resume=False)
         negatives = samples_of(generations, [-1.0] * 4)
@@ -126,8 +128,9 @@ def test_the_ema_teacher_averages_the_weights_and_swaps_in_without_copies(tiny_m
 
 
 def test_gradients_accumulate_across_leases_into_one_version(tiny_model_dir, tmp_path, generations):
+    # No reward baseline: it moves between leases, and the comparison below is one batch of the same six.
     config = config_for(tiny_model_dir, tmp_path / "a", 'trainer.method="rl"', "trainer.batch_size=6",
-                        "trainer.min_samples=4", "trainer.max_wait_s=3600")
+                        "trainer.min_samples=4", "trainer.max_wait_s=3600", 'trainer.baseline="none"')
     with SQLitePool(tmp_path / "a", config.pool) as pool:
         trainer = Trainer(config, pool)
 
@@ -150,7 +153,8 @@ def test_gradients_accumulate_across_leases_into_one_version(tiny_model_dir, tmp
         assert pool.stats()["ready"] == 2  # the rest waits for the next version
         accumulated = {n: p.grad.clone() for n, p in trainer.policy.named_trainable().items()}
     # The same six samples as one batch give the same update (token mean over all of them).
-    config = config_for(tiny_model_dir, tmp_path / "b", 'trainer.method="rl"', "trainer.batch_size=6")
+    config = config_for(tiny_model_dir, tmp_path / "b", 'trainer.method="rl"', "trainer.batch_size=6",
+                        'trainer.baseline="none"')
     with SQLitePool(tmp_path / "b", config.pool) as pool:
         one = Trainer(config, pool)
         single = one.train_step([TrainSample(step_of(i, *generations[i]), 1.0 if i % 2 == 0 else -1.0)
@@ -187,9 +191,11 @@ def test_when_a_version_is_due():
     assert version_due(acc, config, lease_seconds=8, now=104)  # half the lease time: before it expires
     acc.samples.append(None)  # type: ignore[arg-type]
     assert version_due(acc, config, lease_seconds=600, now=100)  # min_samples
-    assert version_due(Accumulated(opened=100.0), TrainerConfig(), lease_seconds=600, now=100)  # unset: every call
-    with pytest.raises(ValueError, match="min_samples"):
-        TrainerConfig(batch_size=4, min_samples=5)
+    unset = TrainerConfig(min_samples=None)
+    assert version_due(Accumulated(opened=100.0), unset, lease_seconds=600, now=100)  # unset: every call
+    small = TrainerConfig(batch_size=2, min_samples=8, max_wait_s=10)  # the default 8, a --batch-size 2
+    assert version_due(Accumulated(opened=100.0, samples=[None] * 2), small, lease_seconds=600, now=101)  # type: ignore[list-item]
+    assert not version_due(Accumulated(opened=100.0, samples=[None]), small, lease_seconds=600, now=101)  # type: ignore[list-item]
 
 
 def test_learning_rate_warmup_then_constant():

@@ -76,13 +76,13 @@ class QualityMeter:
         vectors, scores = await asyncio.gather(asyncio.to_thread(self._embed, texts),
                                                asyncio.gather(*(self._score(r, gate) for r in replies)))
         out = []
-        for reply, request, (base_t1, base_t) in zip(replies, requests, scores):
+        for reply, request, base in zip(replies, requests, scores):
             relevance = 0.0 if reply.empty else float(vectors[request] @ vectors[reply.text])
             kl = entropy = None
             if reply.logprobs is not None and reply.token_ids:
-                kl = kl_estimate(reply.logprobs, base_t)
+                kl = kl_estimate(reply.logprobs, base)
                 entropy = entropy_estimate(reply.logprobs)
-            out.append(Quality(relevance=relevance, fluency=fluency(base_t1) if base_t1 else None,
+            out.append(Quality(relevance=relevance, fluency=fluency(base) if base else None,
                                repetition=repetition(reply.text), empty=reply.empty,
                                n_tokens=len(reply.token_ids), kl=kl, entropy=entropy))
         return out, vectors, requests
@@ -95,14 +95,13 @@ class QualityMeter:
             out.update(zip(chunk, self.embedder(chunk)))
         return out
 
-    async def _score(self, reply: Reply, gate: asyncio.Semaphore) -> tuple[list[float], list[float]]:
+    async def _score(self, reply: Reply, gate: asyncio.Semaphore) -> list[float]:
         """The base's logprobs of the reply, teacher-forced at the reply's own sampling temperature:
         one pass serves fluency and drift (the KL estimate needs the base at the temperature the
         version sampled at). Fluency is therefore temperature-specific, and so is its calibration:
         it comes from base replies to the same requests at the same temperature."""
         if not reply.token_ids:
-            return [], []
+            return []
         async with gate:
-            base = await self.engine.score(reply.prompt_ids, reply.token_ids, adapter=None,
+            return await self.engine.score(reply.prompt_ids, reply.token_ids, adapter=None,
                                            temperature=reply.temperature)
-        return base, base

@@ -353,7 +353,8 @@ def version_due(acc: Accumulated, config: TrainerConfig, lease_seconds: float, n
     if config.min_samples is None:
         return True
     age = (time.time() if now is None else now) - acc.opened
-    return len(acc.samples) >= config.min_samples or age >= config.max_wait_s or age >= lease_seconds / 2
+    enough = min(config.min_samples, config.batch_size)  # a smaller --batch-size caps the default 8
+    return len(acc.samples) >= enough or age >= config.max_wait_s or age >= lease_seconds / 2
 
 
 def scheduled_lr(config: TrainerConfig, step: int) -> float:
