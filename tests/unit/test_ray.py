@@ -71,7 +71,8 @@ def test_two_replicas_route_around_a_killed_one_and_it_comes_back_current(cluste
     up = subprocess.Popen([sys.executable, "-m", "clawr1.cli.main", "up", "--ray-address", cluster, "--model",
                            str(tiny_model_dir), "--data-dir", str(data), "--port", str(gateway_port),
                            "--batch-size", "2", "--set", "trainer.max_wait_s=0", "--set", "trainer.lr=0.01",
-                           "--set", "ray.replicas=2", "--set", "gateway.adapter_poll_s=0.2"],
+                           "--set", "ray.replicas=2", "--set", "gateway.adapter_poll_s=0.2",
+                           "--set", "guard.enabled=false"],  # routing and swaps here; the guard: test_guard.py
                           stderr=subprocess.PIPE, text=True, env={**os.environ, "CLAWR1_DATA_DIR": ""})
     try:
         wait_for(lambda: up.poll() is not None or healthy(base), timeout=240, what="clawr1 up --ray to serve")
@@ -81,7 +82,7 @@ def test_two_replicas_route_around_a_killed_one_and_it_comes_back_current(cluste
             ask(base, "Write me a haiku.", f"fix-{i}")
             httpx.post(f"{base}/v1/feedback", json={"session_id": f"fix-{i}", "reward": -1,
                                                     "correction": "One short sentence."}, timeout=30).raise_for_status()
-        wait_for(lambda: ask(base, "probe", "probe")["system_fingerprint"] != "clawr1-v0", timeout=120,
+        wait_for(lambda: ask(base, "probe", "probe")["system_fingerprint"] != "clawr1-v0", timeout=300,
                  what="a trained version served through the replicas")
 
         answered: list[tuple[float, int, str]] = []  # (when the request was sent, status, completion id)

@@ -129,12 +129,12 @@ def serve_gateway(config_json: Path, port: int) -> None:
     import uvicorn
 
     from clawr1.bench.fake import FakeEngine
-    from clawr1.datapool import SQLitePool
+    from clawr1.datapool import open_pool
     from clawr1.gateway.app import create_app
     from clawr1.gateway.server import tune_gc
 
     config = Config.model_validate_json(config_json.read_text())
-    pool = SQLitePool(config.data_dir, config.pool)
+    pool = open_pool(config)  # as `clawr1 serve` opens it (with durable replies: no commit linger)
     # uvloop + httptools when installed: what `clawr1 serve` (uvicorn's "auto") runs on.
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     http = "httptools" if importlib.util.find_spec("httptools") else "h11"

@@ -21,13 +21,19 @@ if TYPE_CHECKING:
 
 def open_pool(config: Config) -> DataPool:
     """The pool `config.pool.backend` names (`config`: the whole `Config`, for the data dir)."""
+    pool_config = config.pool
+    if config.gateway.durable_reply:
+        # Every append then has a client waiting on its commit: lingering for company would add
+        # its wait to each reply (2.9 -> 0.75 ms p50 at one client without it, measured); appends
+        # already queued still share a transaction.
+        pool_config = pool_config.model_copy(update={"commit_linger_ms": 0.0})
     if config.pool.backend == "postgres":
         if not config.pool.postgres_dsn:
             raise ValueError('pool.backend = "postgres" needs pool.postgres_dsn')
         from clawr1.datapool.postgres import PostgresPool
 
-        return PostgresPool(config.pool.postgres_dsn, config.pool)
-    return SQLitePool(config.data_dir, config.pool)
+        return PostgresPool(config.pool.postgres_dsn, pool_config)
+    return SQLitePool(config.data_dir, pool_config)
 
 
 __all__ = [
