@@ -192,6 +192,7 @@ def test_when_a_version_is_due():
     acc.samples.append(None)  # type: ignore[arg-type]
     assert version_due(acc, config, lease_seconds=600, now=100)  # min_samples
     unset = TrainerConfig(min_samples=None)
+    assert TrainerConfig(min_samples=0).min_samples is None  # TOML's way to unset it
     assert version_due(Accumulated(opened=100.0), unset, lease_seconds=600, now=100)  # unset: every call
     small = TrainerConfig(batch_size=2, min_samples=8, max_wait_s=10)  # the default 8, a --batch-size 2
     assert version_due(Accumulated(opened=100.0, samples=[None] * 2), small, lease_seconds=600, now=101)  # type: ignore[list-item]

@@ -246,8 +246,9 @@ class TrainerConfig(_Section):
     more). With it: the longest a version accumulates samples, counted from its first lease; then
     it steps on what it has, however few."""
 
-    min_samples: int | None = Field(8, ge=1, le=4096)
-    """The fewest samples a version trains on (at most `batch_size`). Set, the trainer leases
+    min_samples: int | None = Field(8, ge=0, le=4096)
+    """The fewest samples a version trains on (at most `batch_size`; 0 = unset, as TOML has no
+    null). Set, the trainer leases
     whatever is READY as it arrives, runs forward/backward on it at once and keeps the gradients,
     and takes the optimizer step (one version) only when `min_samples` samples are in or
     `max_wait_s` has passed (or half of `pool.lease_seconds`, so no lease expires while it waits);
@@ -358,6 +359,11 @@ class TrainerConfig(_Section):
     wandb_project: str | None = Field(None, min_length=1, max_length=128)
     """Also log each version's metrics to this Weights & Biases project (needs `pip install wandb`
     and `wandb login`, or `WANDB_MODE=offline`); unset: the JSONL log and TensorBoard only."""
+
+    @field_validator("min_samples")
+    @classmethod
+    def _zero_is_unset(cls, value: int | None) -> int | None:
+        return value or None
 
     @model_validator(mode="after")
     def _bounds(self) -> TrainerConfig:
