@@ -55,6 +55,12 @@ HOSTILE: list[tuple[str, str, bytes]] = [
     ("tool_choice is junk", CHAT, chat_body(tool_choice={"x": [1, 2]})),
     ("lone surrogate", CHAT, chat_body().replace(b'"hi"', b'"hi \\ud800 there"')),
     ("invalid UTF-8", CHAT, chat_body().replace(b'"hi"', b'"hi \xff\xfe"')),
+    ("a raw UTF-8 surrogate", CHAT, chat_body().replace(b'"hi"', b'"hi \xed\xa0\x80"')),
+    ("a UTF-16 body", CHAT, json.dumps({"model": "m", "messages": [{"role": "user", "content": "\ud800"}]},
+                                       ensure_ascii=False).encode("utf-16", "surrogatepass")),
+    # Past the depth scan's bracket count, then a string that never ends: the scan once retried at
+    # every later quote (40 KB took 5 s of the event loop); now one pass.
+    ("an unterminated string after many brackets", CHAT, b"[]" * 65 + b'"' + b'\\"' * 100_000),
     ("top level is an array", CHAT, b"[1, 2, 3]"),
     ("broken JSON", CHAT, b'{"model": "m", "messages": [{'),
     ("token id out of range", "/v1/completions", json.dumps({"model": "m", "prompt": [10**9]}).encode()),

@@ -91,8 +91,8 @@ class PoolConfig(_Section):
 
     commit_linger_ms: float = Field(2.0, ge=0, le=1000)
     """A lone step append waits this long for others to share its transaction (one fsync for
-    all); 0 commits every append at once. With `gateway.durable_reply` (a client waits on each
-    append's commit) the gateway's pool uses 0."""
+    all); 0 commits every append at once. With `gateway.durable_reply` on (a client waits on each
+    append's commit) every pool `open_pool` opens uses 0: only step appends ever linger."""
 
     writer_queue: int = Field(65_536, ge=1, le=10_000_000)
     """Writes waiting for the writer thread before new ones are refused with `PoolFullError`

@@ -23,8 +23,9 @@ from starlette.requests import ClientDisconnect, Request
 from clawr1.gateway.errors import APIError
 
 # A JSON string token (escapes included) or one bracket: strings are skipped whole, so brackets
-# inside them never count.
-_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
+# inside them never count. An unterminated string runs to the end of the body (the parser refuses
+# it later): were it to fail instead, the scan would retry at every later quote, quadratic time.
+_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*(?:"|\\?\Z)|[\[\]{}]', re.DOTALL)
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
@@ -78,13 +79,17 @@ def parse_json(raw: bytes, max_depth: int) -> Any:
     if depth_of(raw, max_depth) > max_depth:
         raise APIError(400, f"request body nests deeper than {max_depth} levels", code="invalid_json")
     try:
-        value = json.loads(raw, parse_constant=_refuse_constant)
+        # Decoded here, strictly: `json.loads` on bytes would guess UTF-16/32 and let raw UTF-8
+        # surrogates through (surrogatepass). JSON on the wire is UTF-8 (RFC 8259).
+        text = raw.decode("utf-8-sig")  # a BOM is tolerated, as `json.loads` on bytes did
     except UnicodeDecodeError as exc:
         raise APIError(400, f"request body is not valid UTF-8: {exc.reason} at byte {exc.start}",
                        code="invalid_json") from exc
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant)
     except ValueError as exc:  # JSONDecodeError, and the constants refused above
         raise APIError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
-    if (b"\\ud" in raw or b"\\uD" in raw) and _has_surrogate(value):
+    if ("\\ud" in text or "\\uD" in text) and _has_surrogate(value):
         raise APIError(400, "request body has a lone UTF-16 surrogate escape (\\ud800-\\udfff), which is not text",
                        code="invalid_json")
     return value

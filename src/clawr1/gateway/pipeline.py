@@ -240,14 +240,17 @@ class Exchange(Response):
         """Hand every step to the pool (room was reserved at admission), teach the history matcher
         the reply, and with `durable_reply` wait for the commit (a failed commit raises 503)."""
         futures = self._submit(gens)
-        if parsed and self.job.messages:
-            self.gw.sessions.record(self.turns[0], self.job.messages, schema.message_of(parsed[0]))
         if self.gw.config.gateway.durable_reply:
             try:
-                await asyncio.gather(*[asyncio.wrap_future(f) for f in futures])
+                # Shielded: a request cancelled while it waits (shutdown, a hang-up) must not cancel
+                # the pool's futures, or the writer would skip steps it was already handed.
+                await asyncio.shield(asyncio.gather(*[asyncio.wrap_future(f) for f in futures]))
             except Exception as exc:
                 raise APIError(503, f"the data pool could not store this reply ({type(exc).__name__}: {exc}); "
                                     "nothing was kept, retry", code="pool_unavailable") from exc
+        # After the commit: a reply the client never gets (503) must not be matched as history.
+        if parsed and self.job.messages:
+            self.gw.sessions.record(self.turns[0], self.job.messages, schema.message_of(parsed[0]))
 
     def _submit(self, gens: list[Generation]) -> list[Any]:
         self.recorded = True
@@ -278,7 +281,11 @@ class Exchange(Response):
         try:
             for stream in self.streams:
                 stream.cancel()  # a no-op for finished streams
-            if self.streams and not self.recorded:
+            if self.streams and not self.recorded and len(self.turns) < len(self.job.prompts):
+                # The session lookup failed after generation started: no session to file the steps
+                # under, and the client got that error; the engine work was cancelled above.
+                log.warning("%s: the session could not be resolved; nothing to record", self.job.reply_id)
+            elif self.streams and not self.recorded:
                 gens = await asyncio.gather(*[stream.final() for stream in self.streams], return_exceptions=True)
                 if all(isinstance(g, Generation) for g in gens):
                     self._submit(gens)  # type: ignore[arg-type]
