@@ -214,6 +214,8 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
                 await asyncio.sleep(1.0)
             done.set()
             await asyncio.gather(*tasks)
+            if references:  # replies still in flight when `done` was set arrived after the tracker's flush
+                await tracker.flush()
             if evaluating is not None:
                 curve.append(_point(await evaluating))
             live.update(Group(live_table(board, read_metrics(run_dir), settings.method, started, curve)))
