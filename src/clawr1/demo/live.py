@@ -60,13 +60,13 @@ class QualityTracker:
         self.client, self.board, self.reference_ids, self.batch = client, board, reference_ids, batch
 
     async def run(self, done: asyncio.Event, poll_s: float = 2.0) -> None:
-        """Measure full batches until `done`, then whatever is left."""
+        """Measure full batches until `done`; the rest is the caller's `flush` once every user has
+        stopped (replies still in flight when `done` is set arrive after it)."""
         while not done.is_set():
             if len(self.board.unmeasured) >= self.batch:
                 await self.measure_some()
             else:
                 await asyncio.sleep(poll_s)
-        await self.flush()
 
     async def flush(self) -> None:
         while self.board.unmeasured:

@@ -214,7 +214,7 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
                 await asyncio.sleep(1.0)
             done.set()
             await asyncio.gather(*tasks)
-            if references:  # replies still in flight when `done` was set arrived after the tracker's flush
+            if references:  # every user has stopped: measure what the tracker has not
                 await tracker.flush()
             if evaluating is not None:
                 curve.append(_point(await evaluating))

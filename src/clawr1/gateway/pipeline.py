@@ -281,13 +281,13 @@ class Exchange(Response):
         try:
             for stream in self.streams:
                 stream.cancel()  # a no-op for finished streams
-            if self.streams and not self.recorded and len(self.turns) < len(self.job.prompts):
-                # The session lookup failed after generation started: no session to file the steps
-                # under, and the client got that error; the engine work was cancelled above.
-                log.warning("%s: the session could not be resolved; nothing to record", self.job.reply_id)
-            elif self.streams and not self.recorded:
+            if self.streams and not self.recorded:
                 gens = await asyncio.gather(*[stream.final() for stream in self.streams], return_exceptions=True)
-                if all(isinstance(g, Generation) for g in gens):
+                if len(self.turns) < len(self.job.prompts):
+                    # The session lookup failed after generation started: no session to file the
+                    # steps under, and the client got that error.
+                    log.warning("%s: the session could not be resolved; nothing to record", self.job.reply_id)
+                elif all(isinstance(g, Generation) for g in gens):
                     self._submit(gens)  # type: ignore[arg-type]
                 else:  # the engine failed: there is no generation to store
                     log.warning("%s: the engine failed; nothing to record", self.job.reply_id)
