@@ -28,7 +28,8 @@ def test_up_learns_from_corrections_and_swaps_without_a_failed_request(tiny_mode
     base = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "clawr1.cli.main", "up", "--model", str(tiny_model_dir), "--data-dir", str(tmp_path),
            "--port", str(port), "--batch-size", "2", "--prm-m", "1", "--set", "trainer.max_wait_s=0",
-           "--set", "gateway.adapter_poll_s=0.2", "--set", 'reward.judge="llm"', "--set", "trainer.lr=0.01"]
+           "--set", "gateway.adapter_poll_s=0.2", "--set", 'reward.judge="llm"', "--set", "trainer.lr=0.01",
+           "--set", "guard.enabled=false"]  # the loop and the swap; the guard's verdicts: test_guard.py
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "CLAWR1_DATA_DIR": ""})
     try:
         wait_for(lambda: healthy(base), timeout=120, what="clawr1 up to serve")
