@@ -11,6 +11,7 @@ Documented shapes used:
   weight_version}}
 - `POST /load_lora_adapter` {lora_name, lora_path}, `POST /unload_lora_adapter` {lora_name}
 - `POST /update_weights_from_disk` {model_path, weight_version} -> {success, message}
+- `GET /health` -> 200 once serving
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ def sglang_app(engine: Any) -> FastAPI:
     app = FastAPI()
     app.state.requests = []  # every request body, for the test to inspect
     app.state.weight_version = "default"
+
+    @app.get("/health")
+    async def health() -> Any:  # documented: 200 once the server serves
+        return JSONResponse({})
 
     @app.post("/generate")
     async def generate(req: GenerateReq) -> Any:

@@ -136,3 +136,41 @@ def test_the_gateway_records_vllm_tokens_token_for_token(vllm_url, model_dir, tm
         reply["choices"][0]["logprobs"]["content"])])
     assert step.prompt_ids == engine.render([{"role": "user", "content": "Say hello."}])
     asyncio.run(engine.close())
+
+
+def test_up_starts_vllm_itself_serves_through_it_and_stops_it(model_dir, tmp_path):
+    """`clawr1 up` with `engine.backend = "vllm"` and no `engine.url`: one command starts the real
+    vLLM on the same model (LoRA hot-loading on), serves through it, and stops it on exit."""
+    import signal
+    import sys
+
+    from tests.gateway_helpers import healthy, interrupt
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    data = tmp_path / "data"
+    cmd = [sys.executable, "-m", "clawr1.cli.main", "up", "--model", str(model_dir), "--data-dir", str(data),
+           "--port", str(port),
+           "--set", 'engine.backend="vllm"', "--set", f'engine.server_python="{PYTHON}"',
+           "--set", 'engine.server_args=["--max-model-len", "8192"]', "--set", "guard.enabled=false"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "CLAWR1_DATA_DIR": "", "VLLM_CPU_KVCACHE_SPACE": "2"})
+    try:
+        wait_for(lambda: proc.poll() is not None or healthy(base), timeout=500, what="up to start vLLM and serve")
+        assert proc.poll() is None
+        reply = httpx.post(f"{base}/v1/chat/completions", timeout=120, json={
+            "model": "m", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8})
+        assert reply.status_code == 200, reply.text
+        assert (data / "run" / "vllm.log").is_file()
+        found = subprocess.run(["pgrep", "-af", f"api_server --model {model_dir} --served-model-name clawr1"],
+                               capture_output=True, text=True).stdout.splitlines()
+        assert found and all("--enable-lora" in line for line in found), found
+        servers = [line.split()[0] for line in found]
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            interrupt(proc)
+    assert proc.returncode == 0, proc.stderr.read()[-2000:]
+    wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in servers), timeout=60,
+             what="the vLLM server to stop with up")

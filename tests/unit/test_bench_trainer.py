@@ -23,9 +23,26 @@ def test_ours_alone_produces_numbers_without_trl(tiny_model_dir, tmp_path, monke
     assert bench.TRL_ENV in text and "ours_mb2" in text
 
 
+def test_a_shape_trains_a_random_model_of_that_architecture_in_bfloat16(tiny_model_dir, tmp_path, monkeypatch):
+    """`--shape`: a model built from a config alone (no weights anywhere), here the tiny test shape
+    in bfloat16 with checkpointing, through the same trainer."""
+    monkeypatch.delenv(bench.TRL_ENV, raising=False)
+    monkeypatch.setitem(bench.SHAPES, "test-tiny", {
+        "model_type": "qwen2", "vocab_size": 50000, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": True})
+    config = load_config(None, [f'data_dir="{tmp_path}"', f'engine.model="{tiny_model_dir}"'])
+    numbers = bench.run(config, Console(file=io.StringIO(), width=200), micro_batches=(2,), samples=2,
+                        reply_tokens=8, threads=1, steps=1, warmup=1, shape="test-tiny", dtype="bfloat16",
+                        grad_checkpointing=True)
+    r = numbers["runs"]["ours_mb2"]
+    assert "error" not in r, r.get("error")
+    assert numbers["random_weights"] and numbers["model"] == "test-tiny" and r["lora_updated"]
+    assert r["trained_tokens"] == 16 and r["grad_checkpointing"] and r["peak_gb"] > 0
+
+
 def test_goal_needs_speed_and_memory_from_the_same_setting():
     def r(tokens_per_s, peak, tokens_per_cpu_s=None):
-        return {"tokens_per_s": tokens_per_s, "tokens_per_cpu_s": tokens_per_cpu_s or tokens_per_s, "peak_rss_gb": peak}
+        return {"tokens_per_s": tokens_per_s, "tokens_per_cpu_s": tokens_per_cpu_s or tokens_per_s, "peak_gb": peak}
 
     runs = {"trl": r(100.0, 8.0),
             "ours_mb8": r(160.0, 6.0),  # fast enough, too big

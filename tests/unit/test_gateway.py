@@ -97,6 +97,8 @@ def test_session_identification(server):
         first = {s.messages[0]["content"] for s in session}
         assert len(first) == 1  # never mixed
         assert sorted(s.turn_index for s in session) == [0, 1, 2]
+        # Each turn answers its own prompt: a GRPO group of one, not the whole session.
+        assert len({s.prompt_id for s in session}) == 3
 
 
 def test_matcher_tolerates_a_dropped_trailing_message_and_rewritten_tool_ids(server):

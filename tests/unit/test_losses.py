@@ -198,3 +198,20 @@ def test_sampler_kl_is_k3_with_the_roles_swapped():
     r = learner.exp() / behaviour.exp()  # pi_learner / pi_sampler on tokens the sampler drew
     expected = (r - 1 - r.log()).mean().item()
     assert kl_to_reference(behaviour, learner, torch.ones(2)).item() == pytest.approx(expected)
+
+
+def test_two_turns_of_one_session_are_not_one_grpo_group():
+    """Online turns carry their own prompt ids (the gateway's `session/tN`): equal rewards on two
+    turns of one session keep their advantage; they were normalised together to zero when the
+    group id was the session id."""
+    from clawr1.core.config import TrainerConfig
+    from clawr1.trainer.batch import rl_advantages
+
+    def sample(prompt: str, reward: float) -> SimpleNamespace:
+        return SimpleNamespace(reward=reward, step=SimpleNamespace(prompt_id=prompt))
+
+    config = TrainerConfig(baseline="none", negative_weight=1.0)
+    online, _ = rl_advantages([sample("s1/t0", 1.0), sample("s1/t1", 1.0)], config, 0.0)
+    assert online.tolist() == [1.0, 1.0]
+    as_before, _ = rl_advantages([sample("s1", 1.0), sample("s1", 1.0)], config, 0.0)
+    assert as_before.tolist() == [0.0, 0.0]  # what one group per session did

@@ -160,3 +160,16 @@ def test_crash_before_checkpoint_returns_the_samples(tiny_model_dir, tmp_path, g
         metrics = resumed.run_once()  # the expired lease's samples came back
         assert metrics["lease"] == 3 and metrics["version"] == 2
         assert pool.stats()["consumed"] == 3
+
+
+def test_a_batch_without_a_trainable_token_is_acknowledged_without_a_version(tiny_model_dir, tmp_path, generations):
+    """`opd` with no hints: nothing trains, so no new version is published (it would be the same
+    weights under a new number), yet the samples are consumed and the skip is counted."""
+    config = config_for(tiny_model_dir, tmp_path, 'trainer.method="opd"')
+    with SQLitePool(tmp_path, config.pool) as pool:
+        fill(pool, generations[:3], hints=False)
+        trainer = Trainer(config, pool)
+        assert trainer.run_once() is None
+        assert trainer.skipped == 1 and trainer.version == 0 and trainer.step_count == 0
+        assert adapters.latest(tmp_path / "adapters", ADAPTER) is None
+        assert pool.stats()["consumed"] == 3

@@ -101,3 +101,35 @@ def _children(pid: int) -> list[int]:
 def _zombie(pid: int) -> bool:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().split(") ")[1].startswith("Z")
+
+
+def test_up_trains_on_the_postgres_pool_and_keeps_its_dsn_private(tiny_model_dir, tmp_path, postgres):
+    """The trainer child reads the DSN from a mode-0600 file (it got a redacted config before, and
+    restarted forever without training); the DSN never reaches the terminal or the trainer log."""
+    dsn = postgres.fresh()
+    config = tmp_path / "clawr1.toml"
+    config.write_text('[pool]\nbackend = "postgres"\npostgres_dsn = "' + dsn.replace("\\", "\\\\").replace('"', '\\"')
+                      + '"\n')
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "clawr1.cli.main", "up", "--config", str(config), "--model", str(tiny_model_dir),
+           "--data-dir", str(tmp_path / "data"), "--port", str(port), "--batch-size", "2", "--prm-m", "1",
+           "--set", "trainer.max_wait_s=0", "--set", 'reward.judge="llm"', "--set", "guard.enabled=false"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "CLAWR1_DATA_DIR": ""})
+    try:
+        wait_for(lambda: healthy(base), timeout=120, what="clawr1 up to serve")
+        [child_config] = (tmp_path / "data" / "run").glob("*.toml")
+        assert child_config.stat().st_mode & 0o777 == 0o600
+        for i in range(2):
+            ask(base, "Write me a haiku.", session=f"c{i}")
+            ask(base, "No, that is wrong. Please answer in one short sentence.", session=f"c{i}")
+        log = tmp_path / "data" / "run" / "trainer.log"
+        wait_for(lambda: (tmp_path / "data" / "adapters" / "policy" / "v000001" / "STABLE").is_file(), timeout=180,
+                 what=f"the trainer on PostgreSQL to publish v1 (log: {log.read_text()[-1500:] if log.exists() else ''})")
+        assert "restarting" not in log.read_text() and dsn not in log.read_text()
+    finally:
+        interrupt(proc)
+    err = proc.stderr.read()
+    assert proc.returncode == 0, err[-2000:]
+    assert dsn not in err and "restarting it" not in err
+    assert not list((tmp_path / "data" / "run").glob("*.toml"))  # removed when up stopped

@@ -16,6 +16,12 @@ forward pass, so every importance ratio starts at 1.
 - Ours: `Trainer.train_step` (micro-batches, logits only for reply tokens) at several micro-batch
   sizes, on a real (empty) pool in a temporary data dir.
 
+`device`/`dtype` (`--device cuda --dtype bfloat16`) run both sides there (peak memory is then
+`torch.cuda.max_memory_allocated`); `shape` (`--shape qwen2.5-1.5b`) builds a randomly initialised
+model of a real architecture from its config alone (`SHAPES`: no weights are downloaded; the
+embedded tokenizer's ids are valid in every one of their vocabularies), so GPU figures can be taken
+on a machine that reaches no model hub.
+
 Each side and setting runs in its own subprocess, so peak memory is that process's alone: the
 kernel's peak-RSS mark (VmHWM) is reset after the warm-up step and read after the timed steps, so it
 covers training, not model loading. Reported: the median wall time of the timed steps, trained reply
@@ -53,6 +59,25 @@ TRL_MISSING = (f"TRL not found: install it in its own venv and point ${TRL_ENV} 
                "  python3 -m venv /tmp/trl-venv && /tmp/trl-venv/bin/pip install torch trl peft\n"
                f"  export {TRL_ENV}=/tmp/trl-venv/bin/python")
 GOAL_SPEEDUP, GOAL_MEMORY = 1.5, 0.5  # ours/TRL tokens/s at least, ours/TRL peak memory at most
+# Architectures by their published configs (config.json of each model card); random weights.
+SHAPES: dict[str, dict[str, Any]] = {
+    "smollm2-135m": {"model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
+                     "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+                     "max_position_embeddings": 8192, "rope_theta": 100000.0, "rms_norm_eps": 1e-5,
+                     "tie_word_embeddings": True},
+    "qwen2.5-0.5b": {"model_type": "qwen2", "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,
+                     "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+                     "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+                     "tie_word_embeddings": True},
+    "qwen2.5-1.5b": {"model_type": "qwen2", "vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960,
+                     "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+                     "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+                     "tie_word_embeddings": True},
+    "llama-3.1-8b": {"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+                     "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                     "max_position_embeddings": 131072, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
+                     "tie_word_embeddings": False},
+}
 PROMPTS = [
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
     "Explain how a refrigerator works, step by step.",
@@ -70,14 +95,15 @@ PROMPTS = [
 def run(config: Config, console: Console | None = None, *, micro_batches: tuple[int, ...] = (8, 4, 2),
         samples: int = 8, reply_tokens: int = 256, threads: int = 2, steps: int = 3, warmup: int = 1,
         rounds: int = 1, trl_python: str | None = None, trl_checkpointing: bool = False,
-        timeout_s: float = 1800.0) -> dict[str, Any]:
+        timeout_s: float = 1800.0, device: str = "cpu", dtype: str = "float32", shape: str | None = None,
+        grad_checkpointing: bool = False) -> dict[str, Any]:
     """Run the benchmark, print a table of results and ratios, and return the numbers.
 
     `rounds` > 1 runs every setting that many times, round-robin, and keeps each one's fastest run:
     other work on the machine only ever adds time, so the minimum is the least disturbed estimate.
 
     `trl_checkpointing`: also measure TRL at its default `gradient_checkpointing=True`; the goal is
-    checked against TRL without it, which is what our step does.
+    checked against TRL without it (ours runs without it unless `grad_checkpointing`).
     """
     from rich.console import Console
 
@@ -87,11 +113,15 @@ def run(config: Config, console: Console | None = None, *, micro_batches: tuple[
     model = resolve_model(config.engine.model, config.data_dir)
     batch = make_batch(model, samples, reply_tokens)
     tc = config.trainer
+    if shape is not None and shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; one of {', '.join(SHAPES)}")
     base = {"model": str(model), "threads": threads, "steps": steps, "warmup": warmup, **batch,
+            "device": device, "dtype": dtype, "shape": SHAPES.get(shape or ""), "grad_checkpointing": grad_checkpointing,
             "lora": {"r": tc.lora_rank, "alpha": tc.lora_alpha, "targets": list(tc.lora_targets)},
             "lr": tc.lr, "grad_clip": tc.grad_clip, "eps_low": tc.eps_low, "eps_high": tc.eps_high}
     tokens = samples * reply_tokens
-    out: dict[str, Any] = {"model": config.engine.model, "samples": samples, "reply_tokens": reply_tokens,
+    out: dict[str, Any] = {"model": shape or config.engine.model, "random_weights": shape is not None,
+                           "device": device, "dtype": dtype, "samples": samples, "reply_tokens": reply_tokens,
                            "tokens_per_step": tokens, "threads": threads, "lora_rank": tc.lora_rank,
                            "steps": steps, "warmup": warmup, "rounds": rounds, "runs": {}}
     python = trl_python or os.environ.get(TRL_ENV)
@@ -111,7 +141,7 @@ def run(config: Config, console: Console | None = None, *, micro_batches: tuple[
             out["runs"][name] = best_of(out["runs"].get(name), result)
             console.print(f"{name}: " + (f"[red]{result['error']}[/]" if "error" in result else
                                          f"{result['step_s']:.2f} s/step, {result['tokens_per_s']:.1f} tokens/s, "
-                                         f"{result['cpu_s']:.1f} CPU-s/step, peak {result['peak_rss_gb']:.2f} GB"))
+                                         f"{result['cpu_s']:.1f} CPU-s/step, peak {result['peak_gb']:.2f} GB"))
     out.update(compare(out["runs"]))
     console.print(table(out))
     return out
@@ -173,7 +203,7 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         if not name.startswith("ours") or "tokens_per_s" not in r:
             continue
         r["speedup_vs_trl"] = r["tokens_per_s"] / trl["tokens_per_s"]
-        r["memory_vs_trl"] = r["peak_rss_gb"] / trl["peak_rss_gb"]
+        r["memory_vs_trl"] = r["peak_gb"] / trl["peak_gb"]
         small = r["memory_vs_trl"] <= GOAL_MEMORY
         if small and r["speedup_vs_trl"] >= GOAL_SPEEDUP:
             met.append(name)
@@ -188,11 +218,13 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def table(numbers: dict[str, Any]) -> Any:
     from rich.table import Table
 
-    t = Table(title=(f"Train step: {numbers['samples']} x {numbers['reply_tokens']} reply tokens, "
-                     f"LoRA r={numbers['lora_rank']}, {numbers['threads']} threads, fp32 "
+    t = Table(title=(f"Train step: {numbers['model']}{' (random weights)' if numbers['random_weights'] else ''}, "
+                     f"{numbers['samples']} x {numbers['reply_tokens']} reply tokens, "
+                     f"LoRA r={numbers['lora_rank']}, {numbers['threads']} threads, {numbers['device']} {numbers['dtype']} "
                      f"(median of {numbers['steps']} after {numbers['warmup']} warm-up"
                      + (f", best of {numbers['rounds']} rounds)" if numbers["rounds"] > 1 else ")")))
-    columns = ("run", "s/step", "tokens/s", "tokens/CPU-s", "peak RSS GB", "tokens/s vs TRL", "tokens/CPU-s vs TRL",
+    peak = "peak GPU GB" if numbers["device"].startswith("cuda") else "peak RSS GB"
+    columns = ("run", "s/step", "tokens/s", "tokens/CPU-s", peak, "tokens/s vs TRL", "tokens/CPU-s vs TRL",
                "peak vs TRL", "load avg")
     for column in columns:
         t.add_column(column, justify="left" if column == "run" else "right")
@@ -202,7 +234,7 @@ def table(numbers: dict[str, Any]) -> Any:
             continue
         speed, cpu, memory = r.get("speedup_vs_trl"), r.get("cpu_speedup_vs_trl"), r.get("memory_vs_trl")
         t.add_row(name, f"{r['step_s']:.2f}", f"{r['tokens_per_s']:.1f}", f"{r['tokens_per_cpu_s']:.1f}",
-                  f"{r['peak_rss_gb']:.2f}", _check(speed, speed is not None and speed >= GOAL_SPEEDUP),
+                  f"{r['peak_gb']:.2f}", _check(speed, speed is not None and speed >= GOAL_SPEEDUP),
                   _check(cpu, cpu is not None and cpu >= GOAL_SPEEDUP),
                   _check(memory, memory is not None and memory <= GOAL_MEMORY), f"{max(r['load_avg_1m']):.1f}")
     if "goal_met" in numbers:
@@ -225,11 +257,25 @@ def _check(value: float | None, ok: bool) -> str:
 
 # ---- the workers: one side, one setting, one process -----------------------------------------------
 
-def measure(step: Callable[[], Any], warmup: int, steps: int, tokens: int) -> dict[str, Any]:
-    """Warm-up steps, then reset the peak-RSS mark and time `steps` steps."""
+def measure(step: Callable[[], Any], warmup: int, steps: int, tokens: int, device: str = "cpu") -> dict[str, Any]:
+    """Warm-up steps, then reset the peak-memory marks and time `steps` steps (on CUDA, each step
+    ends with a synchronize, and the peak is the device's allocator's)."""
+    cuda = device.startswith("cuda")
+    if cuda:
+        import torch
+
+        inner = step
+
+        def step() -> None:
+            inner()
+            torch.cuda.synchronize()
+
     for _ in range(warmup):
         step()
     gc.collect()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    _trim()  # RSS down to what is live, so the timed steps' peak is theirs, not the warm-up's freed heap
     reset = _reset_peak()
     before = _rss_kb("VmRSS")
     load = os.getloadavg()[0]  # other work on the machine skews timings: report it
@@ -245,11 +291,25 @@ def measure(step: Callable[[], Any], warmup: int, steps: int, tokens: int) -> di
     # idle machine, less when other processes take the cores. With one thread it is the step's work
     # whatever else runs (no spinning OpenMP siblings): the comparison that survives a busy machine.
     cpu_median = statistics.median(cpu)
+    gpu_peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
     return {"step_s": median, "step_times_s": times, "tokens_per_s": tokens / median, "cpu_s": cpu_median,
-            "tokens_per_cpu_s": tokens / cpu_median,
-            "peak_rss_gb": peak / 2**20, "rss_before_gb": before / 2**20,
+            "tokens_per_cpu_s": tokens / cpu_median, "peak_gb": gpu_peak if cuda else peak / 2**20,
+            "peak_gpu_gb": gpu_peak, "peak_rss_gb": peak / 2**20, "rss_before_gb": before / 2**20,
             "peak_scope": "timed steps" if reset else "whole process (VmHWM reset unavailable)",
             "load_avg_1m": [load, os.getloadavg()[0]]}
+
+
+def _trim() -> None:
+    """Return glibc's freed heap to the kernel (malloc_trim): without it, memory the warm-up
+    freed still counts in RSS, and the peak of the timed steps would include it."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None or not hasattr(ctypes.CDLL(name), "malloc_trim"):
+        print("malloc_trim unavailable (not glibc): peaks include freed heap", file=sys.stderr)
+        return
+    ctypes.CDLL(name).malloc_trim(0)
 
 
 def _reset_peak() -> bool:
@@ -287,13 +347,20 @@ def worker_ours(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
 
     n = len(spec["replies"])
     config = Config.model_validate({
-        "data_dir": str(workdir), "engine": {"model": spec["model"]},
+        "data_dir": str(workdir), "engine": {"model": spec["model"]}, "guard": {"enabled": False},
         "trainer": {"method": "rl", "batch_size": n, "micro_batch": spec["micro_batch"], "threads": spec["threads"],
+                    "micro_batch_tokens": 10_000_000,  # the sample count is the setting measured
+                    "device": spec["device"], "dtype": spec["dtype"], "grad_checkpointing": spec["grad_checkpointing"],
                     "lora_rank": spec["lora"]["r"], "lora_alpha": spec["lora"]["alpha"],
                     "lora_targets": spec["lora"]["targets"], "lr": spec["lr"], "grad_clip": spec["grad_clip"],
                     "eps_low": spec["eps_low"], "eps_high": spec["eps_high"], "kl_coef": 0.0}})
+    policy = None
+    if spec["shape"]:
+        from clawr1.trainer.policy import Policy
+
+        policy = Policy(Path(spec["model"]), config.trainer, base=_shaped(spec))
     with SQLitePool(workdir, config.pool) as pool:
-        trainer = Trainer(config, pool, resume=False)
+        trainer = Trainer(config, pool, resume=False, policy=policy)
         prompts, replies = spec["prompts"], spec["replies"]
         with torch.no_grad():
             behaviour = trainer.policy.logprobs(pack(prompts, replies, [1.0] * n, trainer.policy.pad_id))
@@ -313,9 +380,9 @@ def worker_ours(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
             last.update(trainer.train_step(samples))
 
         before = _snapshot(trainer.policy.model)
-        out = measure(one_step, spec["warmup"], spec["steps"], sum(len(r) for r in replies))
+        out = measure(one_step, spec["warmup"], spec["steps"], sum(len(r) for r in replies), spec["device"])
         out["lora_updated"] = _updated(trainer.policy.model, before)
-    out.update(micro_batch=spec["micro_batch"], threads=torch.get_num_threads(), torch=torch.__version__,
+    out.update(micro_batch=spec["micro_batch"], grad_checkpointing=spec["grad_checkpointing"], threads=torch.get_num_threads(), torch=torch.__version__,
                trained_tokens=last["tokens"], ratio=last["ratio"], prepare_s=last["prepare_s"])
     return out
 
@@ -332,10 +399,12 @@ def worker_trl(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
     n, replies = len(spec["replies"]), spec["replies"]
     k = max(len(r) for r in replies)
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
-    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
+    cpu, dtype = spec["device"] == "cpu", getattr(torch, spec["dtype"] if spec["dtype"] != "auto" else "float32")
+    model = (_shaped(spec) if spec["shape"] else
+             AutoModelForCausalLM.from_pretrained(spec["model"], dtype=dtype).to(spec["device"]))
     args = GRPOConfig(
         output_dir=str(workdir / "trl"), per_device_train_batch_size=n, gradient_accumulation_steps=1,
-        num_generations=n, max_completion_length=k, use_cpu=True, bf16=False,  # fp32 on the CPU, like ours
+        num_generations=n, max_completion_length=k, use_cpu=cpu, bf16=dtype == torch.bfloat16,  # as ours
         gradient_checkpointing=spec["checkpointing"], learning_rate=spec["lr"], max_grad_norm=spec["grad_clip"],
         epsilon=spec["eps_low"], epsilon_high=spec["eps_high"], beta=0.0, report_to=[], save_strategy="no",
         logging_steps=10**9, seed=0)
@@ -357,15 +426,16 @@ def worker_trl(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
 
     pad = spec["pad_id"]
     width = max(len(p) for p in spec["prompts"])
-    prompt_ids = torch.tensor([[pad] * (width - len(p)) + p for p in spec["prompts"]])  # TRL left-pads prompts
-    prompt_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in spec["prompts"]])
-    completion_ids = torch.tensor([r + [pad] * (k - len(r)) for r in replies])  # and right-pads completions
-    completion_mask = torch.tensor([[1] * len(r) + [0] * (k - len(r)) for r in replies])
+    on = model_.device
+    prompt_ids = torch.tensor([[pad] * (width - len(p)) + p for p in spec["prompts"]], device=on)  # left-padded
+    prompt_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in spec["prompts"]], device=on)
+    completion_ids = torch.tensor([r + [pad] * (k - len(r)) for r in replies], device=on)  # right-padded
+    completion_mask = torch.tensor([[1] * len(r) + [0] * (k - len(r)) for r in replies], device=on)
     with torch.no_grad():
         old, _, _ = trainer._get_per_token_logps_and_entropies(
             trainer.model, torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1), k)
     inputs = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-              "completion_mask": completion_mask, "advantages": torch.tensor(spec["rewards"]),
+              "completion_mask": completion_mask, "advantages": torch.tensor(spec["rewards"], device=on),
               "old_per_token_logps": old, "num_items_in_batch": completion_mask.sum()}
 
     def one_step() -> None:
@@ -377,12 +447,26 @@ def worker_trl(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
         model_.zero_grad()
 
     before = _snapshot(model_)
-    out = measure(one_step, spec["warmup"], spec["steps"], int(completion_mask.sum()))
+    out = measure(one_step, spec["warmup"], spec["steps"], int(completion_mask.sum()), spec["device"])
     out["lora_updated"] = _updated(model_, before)
     active = trainer.model.get_base_model().is_activation_checkpointing
     out.update(checkpointing=spec["checkpointing"], checkpointing_active=active, threads=torch.get_num_threads(),
                torch=torch.__version__, trl=trl.__version__, optim=str(args.optim), loss_type=args.loss_type)
     return out
+
+
+def _shaped(spec: dict[str, Any]) -> Any:
+    """A randomly initialised model of `spec["shape"]` (a config dict), built on the device in
+    the dtype asked for (seeded: both sides build the same one)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    shape = dict(spec["shape"])
+    config = AutoConfig.for_model(shape.pop("model_type"), **shape)
+    torch.manual_seed(0)
+    dtype = spec["dtype"] if spec["dtype"] != "auto" else ("bfloat16" if spec["device"].startswith("cuda") else "float32")
+    with torch.device(spec["device"]):
+        return AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
 
 
 def _snapshot(model: Any) -> dict[str, Any]:

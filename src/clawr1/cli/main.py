@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Coroutine
@@ -125,26 +126,43 @@ def cmd_train(args: argparse.Namespace, config: Config) -> int:
     from clawr1.datapool import open_pool
     from clawr1.trainer.checkpoint import exists as checkpoint_exists
     from clawr1.trainer.loop import Trainer
+    from clawr1.trainer.ranks import Ranks
     from clawr1.trainer.tenants import TenantTrainers
 
     if args.resume and not checkpoint_exists(config.data_dir):
         err_console.print(f"[red]error:[/red] --resume: no trainer checkpoint under {config.data_dir}")
         return 1
+    if args.nproc > 1 and config.tenants.adapter_per_tenant:
+        err_console.print("[red]error:[/red] --nproc > 1 trains the shared adapter; per-tenant adapters train "
+                          "in one process")
+        return 2
+    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:  # the launcher: N copies of this command as ranks
+        from clawr1.trainer.ranks import launch
+
+        return launch([sys.executable, "-m", "clawr1.cli.main", *args.argv], args.nproc)
+    ranks = Ranks.from_env(config.trainer.device)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # finish the current step, then exit
     with open_pool(config) as pool:
         with err_console.status("Loading the policy ..."):
-            trainer = TenantTrainers(config, pool) if config.tenants.adapter_per_tenant else Trainer(config, pool)
+            trainer = (TenantTrainers(config, pool) if config.tenants.adapter_per_tenant
+                       else Trainer(config, pool, ranks=ranks))
         where = (f"one adapter per tenant, resumed {trainer.versions()}" if isinstance(trainer, TenantTrainers)
                  else f"at step {trainer.step_count}, policy v{trainer.version}")
-        say(config, f"[green]trainer[/green] method={config.trainer.method} batch={config.trainer.batch_size} "
-            f"{where}; waiting for READY samples", "trainer waiting for READY samples",
-            method=config.trainer.method, batch_size=config.trainer.batch_size, where=where)
+        if ranks.lead:
+            say(config, f"[green]trainer[/green] method={config.trainer.method} batch={config.trainer.batch_size} "
+                f"{where}{f', {ranks.world} ranks' if ranks.world > 1 else ''}; waiting for READY samples",
+                "trainer waiting for READY samples", method=config.trainer.method,
+                batch_size=config.trainer.batch_size, where=where, ranks=ranks.world)
         try:
-            while not stop.is_set():
+            # Rank 0 decides when every rank stops (a rank leaving alone would hang the others).
+            while not ranks.broadcast(stop.is_set()):
                 metrics = trainer.run_once()
                 if metrics is None:
-                    stop.wait(config.trainer.poll_s)
+                    if ranks.lead:
+                        stop.wait(config.trainer.poll_s)
+                    continue
+                if not ranks.lead:
                     continue
                 who = f"{metrics['tenant']} " if "tenant" in metrics else ""
                 say(config, f"{who}v{metrics['version']}: {metrics['lease']} samples, loss {metrics['loss']:+.4f}, "
@@ -155,16 +173,12 @@ def cmd_train(args: argparse.Namespace, config: Config) -> int:
             pass
         finally:
             trainer.close()  # flush TensorBoard, finish the W&B run
+            ranks.close()
     return 0
 
 
 def cmd_up(args: argparse.Namespace, config: Config) -> int:
-    import subprocess
-    import tempfile
-
-    from clawr1.gateway.service import Gateway
-    from clawr1.gateway.server import UnsafeBindError, check_exposure, serve
-    from clawr1.reward.worker import RewardWorker
+    from clawr1.gateway.server import UnsafeBindError, check_exposure
 
     try:
         check_exposure(config)  # before anything starts
@@ -175,13 +189,46 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
     # default one would end this process before the `finally` below stops the trainer, orphaning it.
     signal.signal(signal.SIGTERM, _interrupt)
     if args.ray or args.ray_address:
+        if args.trainer_procs > 1:
+            err_console.print("[red]error:[/red] --trainer-procs > 1 is not available under --ray yet: the Ray "
+                              "trainer is one actor")
+            return 2
         return _up_ray(args, config)
+    server = None
+    if config.engine.backend != "local" and not config.engine.url:  # start the inference server ourselves
+        from clawr1.engine.launcher import SERVED_NAME, InferenceServer
+        from clawr1.engine.models import resolve_model
+
+        log = Path(config.data_dir) / "run" / f"{config.engine.backend}.log"
+        server = InferenceServer(config, resolve_model(config.engine.model, config.data_dir), log)
+        with err_console.status(f"Starting the {config.engine.backend} server on {config.engine.model} (log: {log}) ..."):
+            url = server.start()
+        config = config.model_copy(update={"engine": config.engine.model_copy(
+            update={"url": url, "served_model": SERVED_NAME})})
+    try:
+        return _up_local(args, config, server)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _up_local(args: argparse.Namespace, config: Config, server: Any) -> int:
+    """`up` without Ray: serve here, the trainer as a child process (and `server`, the inference
+    server `up` started, watched: when it dies, `up` stops, saying why)."""
+    import subprocess
+    import tempfile
+
+    from clawr1.gateway.service import Gateway
+    from clawr1.gateway.server import UnsafeBindError, serve
+    from clawr1.reward.worker import RewardWorker
+
     # The trainer is its own process (it never competes with serving for the GIL); it gets the
-    # same resolved config. Secrets are redacted in TOML, and the trainer needs none of them.
+    # same resolved config, secrets included (the PostgreSQL pool's DSN), in a file only this user
+    # can read (mkstemp's mode 0600), removed when `up` stops; nothing prints it.
     run_dir = Path(config.data_dir) / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", suffix=".toml", dir=run_dir, delete=False) as f:
-        f.write(to_toml(config))
+        f.write(to_toml(config, secrets=True))
     log_path = run_dir / "trainer.log"
 
     def ready(port: int, note: str) -> None:
@@ -195,10 +242,23 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
     def jobs(gw: Gateway) -> list[Coroutine[Any, Any, None]]:
         worker = RewardWorker(gw.pool, gw.engine, config)
         gw.metrics.watch_judge(worker)  # its outcomes on /metrics
-        return [worker.run(), supervise()]
+        return [worker.run(), supervise()] + ([watch_server()] if server is not None else [])
+
+    server_died = False
+
+    async def watch_server() -> None:
+        """Serving cannot go on without the inference server: stop `up` (a service manager
+        restarts the whole job; the pool and the trainer's checkpoint carry everything over)."""
+        nonlocal server_died
+        while server.alive():
+            await asyncio.sleep(2.0)
+        server_died = True
+        logging.getLogger("clawr1.up").error("the %s server exited; stopping. %s", config.engine.backend, server.tail())
+        signal.raise_signal(signal.SIGTERM)  # uvicorn's graceful shutdown, then the finally below
 
     with open(log_path, "ab") as trainer_log:
-        command = [sys.executable, "-m", "clawr1.cli.main", "train", "--config", f.name]
+        command = [sys.executable, "-m", "clawr1.cli.main", "train", "--config", f.name,
+                   "--nproc", str(args.trainer_procs)]
         trainer = subprocess.Popen(command, stdout=trainer_log, stderr=subprocess.STDOUT)
 
         async def supervise() -> None:
@@ -228,7 +288,7 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
             except subprocess.TimeoutExpired:
                 trainer.kill()  # crash-safe by design: the lease expires and comes back
             Path(f.name).unlink(missing_ok=True)
-    return 0
+    return 1 if server_died else 0
 
 
 def _up_ray(args: argparse.Namespace, config: Config) -> int:
@@ -416,7 +476,14 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
 
         numbers = run_gateway(config, console, requests=args.requests, include_litellm=not args.no_litellm,
                               durable_both=args.durable == "both")
-    else:  # judge, trainer, swap, latency: each module's run(config, console)
+    elif args.what == "trainer":
+        from clawr1.bench.trainer import run as run_trainer
+
+        numbers = run_trainer(config, console, device=args.device, dtype=args.dtype, shape=args.shape,
+                              samples=args.samples, reply_tokens=args.reply_tokens,
+                              micro_batches=tuple(int(m) for m in args.micro_batches.split(",")),
+                              grad_checkpointing=args.grad_checkpointing)
+    else:  # judge, swap, latency: each module's run(config, console)
         import importlib
 
         numbers = importlib.import_module(f"clawr1.bench.{args.what}").run(config, console)
@@ -473,6 +540,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray", action="store_true", help="the roles as Ray actors on a local Ray instance "
                    "(ray.replicas engine replicas, pool service, trainer, judges)")
     p.add_argument("--ray-address", help="the same on an existing Ray cluster (e.g. 127.0.0.1:6379)")
+    p.add_argument("--trainer-procs", type=int, default=1,
+                   help="data-parallel trainer ranks (`clawr1 train --nproc`): one per GPU, or CPU processes")
     loop_flags(p)
     log_flag(p)
     p.set_defaults(fn=cmd_up)
@@ -482,6 +551,8 @@ def build_parser() -> argparse.ArgumentParser:
     loop_flags(p)
     p.add_argument("--resume", action="store_true",
                    help="require a checkpoint (the trainer always continues from one when it exists)")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="data-parallel trainer ranks on this host (one per GPU, or CPU processes with gloo)")
     log_flag(p)
     p.set_defaults(fn=cmd_train)
 
@@ -581,6 +652,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-litellm", action="store_true", help="gateway: skip the LiteLLM comparison")
     p.add_argument("--durable", choices=["config", "both"], default="config",
                    help="gateway: `both` also runs it with gateway.durable_reply off, to price the commit")
+    p.add_argument("--device", default="cpu", help="trainer: torch device of both sides (cpu, cuda, cuda:N)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="trainer: base weights' dtype (LoRA stays float32)")
+    p.add_argument("--shape", help="trainer: a random model of this architecture instead of the configured "
+                                   "model (smollm2-135m, qwen2.5-0.5b, qwen2.5-1.5b, llama-3.1-8b)")
+    p.add_argument("--samples", type=int, default=8, help="trainer: replies per step")
+    p.add_argument("--reply-tokens", type=int, default=256, help="trainer: tokens per reply")
+    p.add_argument("--micro-batches", default="8,4,2", help="trainer: our micro-batch sizes to measure")
+    p.add_argument("--grad-checkpointing", action="store_true", help="trainer: ours with gradient checkpointing")
     p.add_argument("--json", action="store_true", help="also print the numbers as JSON")
     p.set_defaults(fn=cmd_bench)
     return parser
@@ -588,6 +668,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # `train --nproc N` relaunches itself as ranks
     try:
         config = resolve(args)
     except (ValueError, OSError) as exc:  # pydantic's ValidationError is a ValueError

@@ -41,6 +41,17 @@ class EngineConfig(_Section):
     api_key: str | None = Field(None, min_length=1, max_length=4096)
     """Bearer key for `url` (never printed or logged)."""
 
+    server_python: str | None = Field(None, min_length=1, max_length=4096)
+    """`clawr1 up` with backend `vllm`/`sglang` and no `url` starts the server itself: the Python
+    that has it installed (e.g. `.venv-vllm/bin/python`); unset = this Python."""
+
+    server_args: list[str] = Field(default_factory=list, max_length=256)
+    """Extra arguments for a server `clawr1 up` starts (e.g. ["--gpu-memory-utilization", "0.5"]
+    to leave room for the trainer on the same GPU)."""
+
+    server_start_timeout_s: float = Field(900.0, gt=0, le=7200)
+    """How long a server `clawr1 up` starts may take to answer `/health` (loading, compiling)."""
+
     served_model: str | None = Field(None, min_length=1, max_length=256)
     """vLLM: the base model's name on the server (`--served-model-name`); unset = the first it lists."""
 
@@ -238,7 +249,28 @@ class TrainerConfig(_Section):
     """Samples leased per optimizer step."""
 
     micro_batch: int = Field(4, ge=1, le=4096)
-    """Samples per forward/backward pass (gradients accumulate); bounds peak memory."""
+    """The most samples in one forward/backward pass (gradients accumulate across passes)."""
+
+    micro_batch_tokens: int = Field(8192, ge=64, le=10_000_000)
+    """Token budget of one forward/backward pass: samples (sorted by length) are packed while
+    rows x padded length stays within it, so one long reply cannot blow the memory. A sample
+    longer than the budget alone still trains, as a pass of its own."""
+
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
+    """Torch device of the trainer: `auto` = the first CUDA device when there is one, else the
+    CPU. It may differ from `engine.device` (engine on cuda:0, trainer on cuda:1) or share it."""
+
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Dtype of the base weights (`auto`: bfloat16 on CUDA, float32 elsewhere). LoRA weights and
+    their AdamW state stay float32 (master weights); logprobs, KL and entropy are float32."""
+
+    grad_checkpointing: bool = False
+    """Recompute each layer's activations in the backward pass instead of keeping them
+    (non-reentrant checkpointing): less memory for long replies, about a third more compute."""
+
+    quantize: Literal["none", "4bit", "8bit"] = "none"
+    """Base weights in 4-bit (NF4) or 8-bit for LoRA (QLoRA through `bitsandbytes`: `pip install
+    -e .[qlora]`, CUDA only); refused with a clear error where that cannot run."""
 
     max_wait_s: float = Field(60.0, ge=0, le=3600)
     """The longest fresh feedback waits for a version. Without `min_samples`: train on a partial
@@ -369,6 +401,11 @@ class TrainerConfig(_Section):
     def _bounds(self) -> TrainerConfig:
         if self.entropy_min > self.entropy_max:
             raise ValueError("trainer.entropy_min must not exceed trainer.entropy_max")
+        if self.quantize != "none" and self.finetune != "lora":
+            raise ValueError("trainer.quantize needs trainer.finetune = \"lora\" (quantized weights do not train)")
+        if self.finetune == "full" and self.dtype in ("bfloat16", "float16"):
+            raise ValueError("trainer.finetune = \"full\" trains in float32 (half-precision weights have no "
+                             "master copy for AdamW); use LoRA for bfloat16/float16")
         return self
 
 
@@ -574,8 +611,9 @@ def load_config(path: Path | None = None, overrides: list[str] | tuple[str, ...]
     return Config.model_validate(data)
 
 
-def to_toml(config: Config) -> str:
-    """Render a config as TOML, one `[section]` per nested model, each key with its docstring."""
+def to_toml(config: Config, secrets: bool = False) -> str:
+    """Render a config as TOML, one `[section]` per nested model, each key with its docstring.
+    Secrets are redacted unless `secrets` (only for a file a child process reads, mode 0600)."""
     lines: list[str] = []
 
     def emit(model: BaseModel, header: str | None) -> None:
@@ -590,7 +628,7 @@ def to_toml(config: Config) -> str:
             value = getattr(model, name)
             if value is None:
                 lines.append(f"# {name} is unset")
-            elif name in SECRET_FIELDS and value:
+            elif name in SECRET_FIELDS and value and not secrets:
                 lines.append(f"# {name} is set (redacted)")  # keys never reach logs or terminals
             else:
                 lines.append(f"{name} = {_toml_literal(value)}")

@@ -90,7 +90,12 @@ class SessionResolver:
                 index = 0 if last is None else last + 1
             self._next_turn[key] = index + 1
             self._seen[key] = time.monotonic()
-        return dataclasses.replace(who, turn_index=index)
+        # A turn's samples are alternatives to one prompt (a GRPO group) only when the client says
+        # so (path ids: white-box rollouts of one task) or they are the `n` choices of one request.
+        # The turns of an online session answer different prompts: one group each, or GRPO would
+        # normalise them together (equal rewards -> zero advantage).
+        prompt_id = who.prompt_id if who.how == "path" else f"{who.session_id}/t{index}"
+        return dataclasses.replace(who, turn_index=index, prompt_id=prompt_id)
 
     def record(self, turn: Turn, messages: list[dict[str, Any]], reply: dict[str, Any]) -> None:
         """After a main turn is served: its next request will start with these messages + reply."""

@@ -100,7 +100,9 @@ def prepare(policy: Policy, samples: list[TrainSample], config: TrainerConfig, r
     has_logprobs = torch.tensor([bool(s.logprobs) for s in steps])
     stats = {"samples": float(len(samples)), "usable": float(usable.sum()), "tokens": float(mask.sum()),
              "reply_tokens": float(rows.mask.sum()), **advantage_signs(advantage * mask, rows.mask)}
-    return Prepared(rows, behaviour, advantage, mask, mask * has_logprobs[:, None].float(), stats)
+    device = policy.device
+    return Prepared(rows.to(device), behaviour.to(device), advantage.to(device), mask.to(device),
+                    (mask * has_logprobs[:, None].float()).to(device), stats)
 
 
 @torch.no_grad()
@@ -123,7 +125,7 @@ def _opd(policy: Policy, samples: list[TrainSample], rows: Rows, behaviour: torc
     k = rows.targets.shape[1]
     out = torch.zeros(len(samples), k)
     # Both batches are right-aligned on the same reply tokens: copy the last columns across.
-    kt = teacher.shape[1]
+    teacher, kt = teacher.cpu(), teacher.shape[1]
     for j, i in enumerate(index):
         n = len(samples[i].step.token_ids)
         if n:

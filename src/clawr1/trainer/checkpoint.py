@@ -38,7 +38,7 @@ def save(path: Path, policy: Policy, optimizer: torch.optim.Optimizer, state: di
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file({k: v.detach().contiguous() for k, v in policy.named_state().items()}, tmp / WEIGHTS)
+    save_file({k: v.detach().cpu().contiguous() for k, v in policy.named_state().items()}, tmp / WEIGHTS)
     torch.save({"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
                 "python_rng": random.getstate()}, tmp / "optimizer.pt")
     (tmp / "state.json").write_text(json.dumps(state))

@@ -27,8 +27,9 @@ from clawr1.engine import adapters
 from clawr1.engine.models import resolve_model
 from clawr1.trainer import checkpoint, guarded, history
 from clawr1.trainer.batch import Prepared, TrainSample, prepare, rl_advantages
-from clawr1.trainer.losses import entropy_band, kl_to_reference, masked_mean, ppo_loss, vocab_entropy, vocab_kl
-from clawr1.trainer.policy import Policy, pack, token_logprobs
+from clawr1.trainer.losses import entropy_band, kl_to_reference, masked_mean, ppo_loss
+from clawr1.trainer.policy import Policy, pack
+from clawr1.trainer.ranks import Ranks
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,11 @@ class Trainer:
     (one base model, an adapter each) and keep their own optimizer, checkpoint, versions and log."""
 
     def __init__(self, config: Config, pool: DataPool, *, resume: bool = True, tenant: str | None = None,
-                 policy: Policy | None = None):
+                 policy: Policy | None = None, ranks: Ranks | None = None):
+        """`ranks`: this process's place in a data-parallel trainer group (`ranks.py`); only its
+        rank 0 touches the pool's leases and the disk, the others train their share."""
         self.config, self.tc, self.pool, self.tenant = config, config.trainer, pool, tenant
+        self.ranks = ranks or Ranks()
         if self.tc.threads:
             torch.set_num_threads(self.tc.threads)
         self.root = Path(config.data_dir)
@@ -58,7 +62,8 @@ class Trainer:
         self.guarded = config.guard.enabled and self.tc.finetune == "lora"
         self.promoted = 0  # the incumbent: the newest promoted version (0 = the base model)
         self.rollbacks: list[str] = []  # the admin rollbacks already applied (ids)
-        self.history = history.MetricsLog(self.root, self.tc.wandb_project, public_dump(config), tenant)
+        self.history = (history.MetricsLog(self.root, self.tc.wandb_project, public_dump(config), tenant)
+                        if self.ranks.lead else None)
         if resume:
             self.resume()
         if self.guarded and not (guarded.promoted_path(self.root, tenant) / "state.json").is_file():
@@ -73,13 +78,15 @@ class Trainer:
             self.promoted, self.rollbacks = state.get("promoted", self.version), state.get("rollbacks", [])
             self.reward_baseline = state.get("reward_baseline", 0.0)
             for lease_id in state.get("lease_ids", [state["lease_id"]] if state.get("lease_id") else []):
-                self.pool.ack(lease_id)  # trained and checkpointed: never train it again
+                if self.ranks.lead:
+                    self.pool.ack(lease_id)  # trained and checkpointed: never train it again
         # A version published after the last checkpoint (crash in between) keeps its number.
         self.version = max(self.version, published[0] if published else 0)
 
     # ---- one step ------------------------------------------------------------------------------
     accumulated: Accumulated | None = None  # the version being accumulated (`train_step`); None: no gradients kept
     reward_baseline: float = 0.0  # the online rewards' moving average (`trainer.baseline`), to checkpoint
+    skipped: int = 0  # batches acknowledged without a version: no sample had a trainable token
 
     def ready(self) -> int:
         """How many samples to lease now; 0: nothing to do yet.
@@ -104,36 +111,56 @@ class Trainer:
         the guard's verdict. Returns that version's metrics (None while nothing was published)."""
         if self.guarded:
             self.apply_rollback()
-        wanted = self.ready()
-        if not wanted:
+        started = time.perf_counter()
+        samples = self.ranks.broadcast(self.take() if self.ranks.lead else None)  # rank 0's lease, to all
+        if samples is None:
             return None
         self.policy.activate(self.adapter)  # another tenant's trainer may have used the shared base
-        lease = self.pool.lease(wanted, current_version=self.version, tenant=self.tenant)
-        started = time.perf_counter()
-        metrics = self.train_step(self.load(lease))
+        metrics = self.train_step(samples)
         if metrics is None:  # still accumulating (or nothing came): gradients kept, nothing acked
             return None
+        lead = self.ranks.lead
+        if not metrics["tokens"]:  # no sample had a signal (routine under `opd` without hints)
+            for lease_id in metrics["lease_ids"] if lead else ():
+                self.pool.ack(lease_id)  # nothing to train, so nothing to lose: no checkpoint needed
+            self.skipped += 1
+            log.info("a batch of %d samples had no trainable token: acknowledged, no version published (%d so far)",
+                     int(metrics["samples"]), self.skipped)
+            return None
         self.version += 1
-        t = time.perf_counter()
-        self.publish(self.policy.model, self.adapter_root, self.adapter, self.version)
-        metrics["publish_s"] = time.perf_counter() - t
-        self.save(metrics["lease_ids"])  # checkpoint first, then the acks: exactly once across crashes
-        for lease_id in metrics["lease_ids"]:
-            self.pool.ack(lease_id)
-        metrics.update(version=self.version, lease=int(metrics["samples"]),
-                       lease_id=metrics["lease_ids"][0] if metrics["lease_ids"] else None)
+        if lead:
+            t = time.perf_counter()
+            self.publish(self.policy.model, self.adapter_root, self.adapter, self.version)
+            metrics["publish_s"] = time.perf_counter() - t
+            self.save(metrics["lease_ids"])  # checkpoint first, then the acks: exactly once across crashes
+            for lease_id in metrics["lease_ids"]:
+                self.pool.ack(lease_id)
+        metrics.update(version=self.version, lease=int(metrics["samples"]), skipped=self.skipped,
+                       ranks=self.ranks.world, lease_id=metrics["lease_ids"][0] if metrics["lease_ids"] else None)
         if self.guarded:  # the candidate waits for the guard; a rejected one is undone
             t = time.perf_counter()
             metrics.update(self.await_verdict())
             metrics["verdict_s"] = time.perf_counter() - t
-        metrics["pruned"] = len(adapters.prune(self.adapter_root, self.adapter, self.tc.keep_versions,
-                                               guarded.protected(self.adapter_root, self.adapter, self.promoted)))
+        if lead:
+            metrics["pruned"] = len(adapters.prune(self.adapter_root, self.adapter, self.tc.keep_versions,
+                                                   guarded.protected(self.adapter_root, self.adapter, self.promoted)))
         metrics["total_s"] = time.perf_counter() - started
         self.log(metrics)
         return metrics
 
+    def take(self) -> list[TrainSample] | None:
+        """Rank 0: lease what is due and load it (None: nothing to do yet)."""
+        wanted = self.ready()
+        if not wanted:
+            return None
+        self.policy.activate(self.adapter)
+        lease = self.pool.lease(wanted, current_version=self.version, tenant=self.tenant)
+        return self.load(lease)
+
     # ---- the guard's verdicts ------------------------------------------------------------------
     def save(self, lease_ids: list[str] | tuple[str, ...] = ()) -> None:
+        if not self.ranks.lead:  # every rank holds the same state; one writes it
+            return
         checkpoint.save(checkpoint.path_of(self.root, self.tenant), self.policy, self.optimizer,
                         {"step": self.step_count, "version": self.version, "lease_ids": list(lease_ids),
                          "promoted": self.promoted, "rollbacks": self.rollbacks,
@@ -141,6 +168,8 @@ class Trainer:
 
     def keep_promoted(self) -> None:
         """The current state is the incumbent's: what a rejected version rolls back to."""
+        if not self.ranks.lead:
+            return
         checkpoint.save(guarded.promoted_path(self.root, self.tenant), self.policy, self.optimizer,
                         {"step": self.step_count, "version": self.promoted})
 
@@ -152,8 +181,9 @@ class Trainer:
     def await_verdict(self) -> dict[str, Any]:
         """Wait for the guard's verdict on the version just published: promoted, it becomes the
         incumbent; rejected, the policy and optimizer go back to the incumbent's state."""
-        verdict = guarded.wait_for_verdict(self.adapter_root, self.adapter, self.version,
-                                           self.config.guard.decision_timeout_s, self.tc.poll_s)
+        verdict = self.ranks.broadcast(
+            guarded.wait_for_verdict(self.adapter_root, self.adapter, self.version,
+                                     self.config.guard.decision_timeout_s, self.tc.poll_s) if self.ranks.lead else None)
         status = verdict["status"] if verdict else "undecided"
         if status == "promoted":
             self.promoted = self.version
@@ -168,7 +198,8 @@ class Trainer:
 
     def apply_rollback(self) -> None:
         """An admin's `clawr1 rollback N` (the adapter's `CONTROL`): train on from version N."""
-        request = adapters.control(self.adapter_root, self.adapter).get("rollback")
+        request = self.ranks.broadcast(adapters.control(self.adapter_root, self.adapter).get("rollback")
+                                       if self.ranks.lead else None)
         if not request or request.get("id") in self.rollbacks:
             return
         to = int(request["to"])
@@ -208,16 +239,19 @@ class Trainer:
 
         Each micro-batch's loss is its token mean, backpropagated times its token count, and the sum
         is divided by the total before the step: the step follows the token mean over everything
-        accumulated, however it was cut into micro-batches and leases."""
+        accumulated, however it was cut into micro-batches (`micro_batches`: by a token budget)
+        and leases."""
         if samples:
             if self.accumulated is None:
                 self.optimizer.zero_grad(set_to_none=True)
                 self.accumulated = Accumulated(opened=time.time())
             acc = self.accumulated
             rl, self.reward_baseline = rl_advantages(samples, self.tc, self.reward_baseline)  # batch-wide
-            for i in range(0, len(samples), self.tc.micro_batch):
+            mine = self.ranks.share([len(s.step.prompt_ids) + len(s.step.token_ids) for s in samples])
+            own = [samples[i] for i in mine]
+            for index in micro_batches(own, self.tc.micro_batch_tokens, self.tc.micro_batch):
                 t0 = time.perf_counter()
-                m = prepare(self.policy, samples[i:i + self.tc.micro_batch], self.tc, rl[i:i + self.tc.micro_batch])
+                m = prepare(self.policy, [own[i] for i in index], self.tc, rl[[mine[i] for i in index]])
                 t1 = time.perf_counter()
                 if m.stats["tokens"]:
                     loss, stats = self.loss(m)
@@ -227,22 +261,26 @@ class Trainer:
                 acc.prepare_s, acc.train_s = acc.prepare_s + t1 - t0, acc.train_s + time.perf_counter() - t1
             acc.samples += samples
         acc = self.accumulated
-        if acc is None or not version_due(acc, self.tc, self.config.pool.lease_seconds):
-            return None
+        if not self.ranks.broadcast(acc is not None and version_due(acc, self.tc, self.config.pool.lease_seconds)):
+            return None  # (rank 0's clock decides for every rank)
 
+        assert acc is not None
         self.accumulated = None
+        acc.counts, acc.sums = self.ranks.sum_dicts(acc.counts), self.ranks.sum_dicts(acc.sums)  # every rank's
+        if not acc.tokens:  # nothing to step on: `run_once` acknowledges it without a version
+            return {**acc.metrics(), "step": self.step_count}
         t = time.perf_counter()
-        grad_norm, lr = 0.0, scheduled_lr(self.tc, self.step_count + 1)
-        if acc.tokens:
-            for param in self.policy.parameters():
-                if param.grad is not None:
-                    param.grad.div_(acc.tokens)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.tc.grad_clip))
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            self.optimizer.step()
-            if self.tc.teacher == "ema":
-                self.policy.update_ema(self.tc.ema_decay)
+        lr = scheduled_lr(self.tc, self.step_count + 1)
+        self.ranks.sum_gradients(self.policy.parameters())  # the sum over every rank's samples, on each
+        for param in self.policy.parameters():
+            if param.grad is not None:
+                param.grad.div_(acc.tokens)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.tc.grad_clip))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        if self.tc.teacher == "ema":
+            self.policy.update_ema(self.tc.ema_decay)
         self.step_count += 1
         acc.train_s += time.perf_counter() - t
         return {"step": self.step_count, **acc.metrics(), "grad_norm": grad_norm, "lr": lr,
@@ -252,34 +290,32 @@ class Trainer:
     def loss(self, m: Prepared) -> tuple[torch.Tensor, dict[str, float]]:
         """A micro-batch's objective (token means over `m.mask`) and its drift metrics, measured on
         the policy before the update: the PPO surrogate, plus the entropy band (`entropy_coef`) and
-        the KL penalty to the base model (`kl_coef`, measured by `kl_estimator`).
+        the KL penalty to the base model (`kl_coef`, measured by `kl_estimator`). One fused pass of
+        the head (`Policy.stats`) gives the logprobs, entropies and KLs, in chunks of positions.
 
         Metrics: `entropy` and `kl_base` (KL(policy || base)), both per token over the whole
         vocabulary; `kl_sampler`, KL(sampler || learner) on the sampled tokens (the logprobs the
         engine stored against the learner's: more than ~0 on fresh samples means off-policy data or
         a mismatch between the engine's maths and the trainer's); `kl`, the penalty's KL (0 when off)."""
-        distributions = self.policy.distributions(m.rows)  # [B, K, V]; log_softmax keeps it for backward anyway
-        logp = token_logprobs(distributions, m.rows)
+        logp, entropies, kls = self.policy.stats(m.rows, m.mask, reference=self.policy.has_base)
         loss, stats = ppo_loss(logp, m.behaviour, m.advantage, m.mask, self.tc.eps_low, self.tc.eps_high)
-        with torch.set_grad_enabled(self.tc.entropy_coef > 0):
-            entropy = masked_mean(vocab_entropy(distributions), m.mask)
+        entropy = masked_mean(entropies, m.mask)
         if self.tc.entropy_coef > 0:
             loss = loss + self.tc.entropy_coef * entropy_band(entropy, self.tc.entropy_min, self.tc.entropy_max)
         metrics = {"ratio": float(stats["ratio"]), "clip_frac": float(stats["clip_frac"]),
                    "adv_mean": float(masked_mean(m.advantage, m.mask)), "entropy": entropy.item(),
                    "kl_sampler": float(kl_to_reference(m.behaviour, logp.detach(), m.sampled))}
-        kl = torch.zeros(())
+        kl = torch.zeros((), device=logp.device)
         if self.policy.has_base:  # always with LoRA; full fine-tuning keeps the base only for kl_coef / teacher
-            with torch.no_grad(), self.policy.adapter_off():
-                reference = self.policy.distributions(m.rows)
-            full = self.tc.kl_estimator == "full"
-            with torch.set_grad_enabled(full and self.tc.kl_coef > 0):  # else the base is freed right here
-                kl_base = masked_mean(vocab_kl(distributions, reference), m.mask)
+            kl_base = masked_mean(kls, m.mask)
             metrics["kl_base"] = kl_base.item()
             if self.tc.kl_coef > 0:
-                kl = kl_base if full else kl_to_reference(logp, token_logprobs(reference, m.rows), m.mask)
+                if self.tc.kl_estimator == "full":
+                    kl = kl_base
+                else:
+                    with self.policy.adapter_off():
+                        kl = kl_to_reference(logp, self.policy.logprobs(m.rows), m.mask)
                 loss = loss + self.tc.kl_coef * kl
-            del reference
         metrics.update(loss=loss.item(), kl=kl.item())
         return loss, metrics
 
@@ -290,10 +326,12 @@ class Trainer:
 
     # ---- metrics -------------------------------------------------------------------------------
     def log(self, metrics: dict[str, Any]) -> None:
-        self.history.write(metrics, self.step_count)
+        if self.history is not None:
+            self.history.write(metrics, self.step_count)
 
     def close(self) -> None:
-        self.history.close()
+        if self.history is not None:
+            self.history.close()
 
     def run(self, stop: Any) -> None:
         """Train until `stop.is_set()`; idle polls are cheap reads."""
@@ -344,6 +382,24 @@ class Accumulated:
                 "prepare_s": self.prepare_s, "train_s": self.train_s,
                 "tokens_per_s": self.tokens / max(self.prepare_s + self.train_s, 1e-9),
                 "lease_ids": lease_ids, "leases": len(lease_ids), "accumulated_s": time.time() - self.opened}
+
+
+def micro_batches(samples: list[TrainSample], budget: int, max_rows: int) -> list[list[int]]:
+    """Indices of `samples` cut into forward/backward passes: sorted by length (less padding), each
+    pass at most `max_rows` samples and rows x longest (prompt + reply) within `budget` tokens; a
+    sample longer than the budget is a pass of its own."""
+    def length(i: int) -> int:
+        return len(samples[i].step.prompt_ids) + len(samples[i].step.token_ids)
+
+    out: list[list[int]] = []
+    for i in sorted(range(len(samples)), key=length):
+        current = out[-1] if out else None
+        # Sorted ascending, so sample i is the longest of any pass it joins.
+        if current is not None and len(current) < max_rows and (len(current) + 1) * length(i) <= budget:
+            current.append(i)
+        else:
+            out.append([i])
+    return out
 
 
 def version_due(acc: Accumulated, config: TrainerConfig, lease_seconds: float, now: float | None = None) -> bool:

@@ -1,10 +1,11 @@
-"""The trainable policy: the served base model plus a LoRA adapter named `policy` (peft), and the
-one computation every objective needs: log-probabilities at the reply positions, over the whole
-vocabulary (`distributions`: the full KL and the entropy) or of the given reply tokens (`logprobs`).
+"""The trainable policy: the served base model plus a LoRA adapter named `policy` (peft), on the
+trainer's device and dtype (`trainer.device`, `trainer.dtype`, `trainer.quantize`), and the one
+computation every objective needs: per reply token, the sampled token's logprob, the entropy and
+the KL to the base model (`stats`), or the logprobs alone (`logprobs`).
 
-Logits are computed only for reply positions (`logits_to_keep`): the prompt's positions would
-cost a [tokens x 49k vocab] matrix each for nothing. Rows are left-padded so every reply ends at
-the right edge, which is what `logits_to_keep` keeps.
+The decoder runs over the whole rows; the LM head only at the reply positions, fused with the
+log-softmax in chunks of positions (`head.py`), so no [tokens x vocabulary] tensor outlives a
+chunk. Rows are left-padded so every reply ends at the right edge.
 
 Two other models come from the same weights without a second copy of the base: the base itself
 (`adapter_off`), and the EMA teacher (`ema_weights`: the trained tensors trade places with their
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from clawr1.core.config import TrainerConfig
 from clawr1.core.records import POLICY
 from clawr1.engine.chat import ChatFormat
+from clawr1.trainer.head import head_logprobs, head_stats
 
 ADAPTER = POLICY  # the shared adapter's name (per tenant: `adapter_name(tenant)`)
 
@@ -41,6 +44,10 @@ class Rows:
     mask: torch.Tensor
     temperature: torch.Tensor
     keep: int  # logits kept = K + 1 (the last one predicts past the end and is dropped)
+
+    def to(self, device: torch.device) -> Rows:
+        return Rows(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.position_ids, self.targets,
+                                               self.mask, self.temperature)), self.keep)
 
 
 def pack(prompts: list[list[int]], replies: list[list[int]], temperatures: list[float], pad_id: int) -> Rows:
@@ -68,12 +75,19 @@ class Policy:
     and the only trainable, adapter (peft's `set_adapter`); `parameters()`/`named_trainable()` are then
     that adapter's."""
 
-    def __init__(self, model_path: Path, config: TrainerConfig, adapter: str = ADAPTER):
+    def __init__(self, model_path: Path, config: TrainerConfig, adapter: str = ADAPTER, base: Any = None):
+        """`base`: an already built transformers model (on the trainer's device and dtype) instead
+        of the weights at `model_path`, whose tokenizer is still used (`bench trainer --shape`)."""
         from peft import LoraConfig, get_peft_model
 
+        self.device, dtype = placement(config)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.chat = ChatFormat(self.tokenizer)
-        base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        base = base if base is not None else load_base(model_path, config, self.device, dtype)
+        if getattr(base.config, "final_logit_softcapping", None):
+            raise ValueError(f"{model_path}: logit soft-capping (Gemma-2 style) is not supported by the fused head")
+        if config.grad_checkpointing:
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         self.seed = config.seed
         self.full = config.finetune == "full"
         self._reference: Any = None
@@ -84,19 +98,31 @@ class Policy:
             if config.kl_coef > 0 or config.teacher == "base":
                 self._reference = copy.deepcopy(base).eval().requires_grad_(False)
         else:
+            if "lm_head" in config.lora_targets:
+                raise ValueError("trainer.lora_targets: LoRA on lm_head is not supported (the head is fused "
+                                 "with the log-softmax); the decoder's layers are")
             self.lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha,
                                    target_modules=config.lora_targets, lora_dropout=0.0, bias="none",
                                    task_type="CAUSAL_LM")
             torch.manual_seed(self.seed)  # LoRA A init
-            self.model = get_peft_model(base, self.lora, adapter_name=adapter)
+            self.model = get_peft_model(base, self.lora, adapter_name=adapter, autocast_adapter_dtype=True)
+            self._master_weights()
         self.model.train()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    def _master_weights(self) -> None:
+        """LoRA tensors in float32 whatever the base's dtype: AdamW's small updates would round
+        away in bfloat16 (peft's LoRA layers cast their input to the adapter's dtype)."""
+        for name, param in self.model.named_parameters():
+            if "lora_" in name and param.dtype != torch.float32:
+                param.data = param.data.float()
 
     def add(self, adapter: str) -> None:
         """Another adapter on the same base (a no-op when it exists); initialised like the first."""
         if not self.full and adapter not in self.model.peft_config:
             torch.manual_seed(self.seed)
             self.model.add_adapter(adapter, self.lora)
+            self._master_weights()
 
     def activate(self, adapter: str) -> None:
         if not self.full and self.model.active_adapter != adapter:
@@ -128,17 +154,56 @@ class Policy:
         finally:
             self.model = model
 
+    @property
+    def causal_lm(self) -> Any:
+        """The transformers model under peft's wrapper (its layers carry the LoRA), or the full model."""
+        return self.model if self.full else self.model.get_base_model()
+
+    def hidden(self, rows: Rows) -> torch.Tensor:
+        """[B, K, H] the decoder's last hidden states at the positions that predict the reply tokens."""
+        rows = rows.to(self.device)
+        out = self.causal_lm.get_decoder()(input_ids=rows.input_ids, attention_mask=rows.attention_mask,
+                                           position_ids=rows.position_ids, use_cache=False)
+        return out.last_hidden_state[:, -rows.keep:-1]
+
+    @property
+    def head(self) -> torch.Tensor:
+        return self.causal_lm.get_output_embeddings().weight
+
+    def stats(self, rows: Rows, mask: torch.Tensor, reference: bool) -> tuple[torch.Tensor, ...]:
+        """[B, K] float32 (logprob of the reply token, entropy, KL(policy || base)) at the positions
+        of `mask`, zeros elsewhere; differentiable in the trainable weights. `reference` False: no
+        base forward, and the KL is zeros. Each over the whole vocabulary, chunked (`head.py`)."""
+        where = mask.to(self.device) > 0
+        hidden = self.hidden(rows)[where]
+        ref = ref_head = None
+        if reference:
+            with torch.no_grad(), self.adapter_off():
+                ref, ref_head = self.hidden(rows)[where], self.head
+        rows = rows.to(self.device)
+        inv_t = (1.0 / rows.temperature)[:, None].expand(where.shape)[where]
+        outs = head_stats(hidden, self.head, rows.targets[where], inv_t, ref, ref_head)
+        return tuple(torch.zeros(where.shape, device=self.device).masked_scatter(where, o) for o in outs)
+
+    @torch.no_grad()
+    def logprobs(self, rows: Rows) -> torch.Tensor:
+        """[B, K] logprobs of `rows.targets` (zeros at padding) under the temperature each reply was
+        sampled at; no gradient (teachers, probes, the reference)."""
+        where = rows.mask.to(self.device) > 0
+        hidden = self.hidden(rows)[where]
+        rows = rows.to(self.device)
+        inv_t = (1.0 / rows.temperature)[:, None].expand(where.shape)[where]
+        out = head_logprobs(hidden, self.head, rows.targets[where], inv_t)
+        return torch.zeros(where.shape, device=self.device).masked_scatter(where, out)
+
     def distributions(self, rows: Rows) -> torch.Tensor:
-        """[B, K, V] log-probabilities over the vocabulary at each reply position, under the
-        temperature each reply was sampled at (the distributions the engine sampled from)."""
+        """[B, K, V] log-probabilities over the vocabulary at each reply position, unchunked: the
+        reference the fused head is tested against, and a tool for tests. Training never calls it."""
+        rows = rows.to(self.device)
         out = self.model(input_ids=rows.input_ids, attention_mask=rows.attention_mask,
                          position_ids=rows.position_ids, logits_to_keep=rows.keep, use_cache=False)
         logits = out.logits[:, :-1].float() / rows.temperature[:, None, None]
         return torch.log_softmax(logits, dim=-1)
-
-    def logprobs(self, rows: Rows) -> torch.Tensor:
-        """[B, K] logprobs of `rows.targets` under the temperature each reply was sampled at."""
-        return token_logprobs(self.distributions(rows), rows)
 
     # ---- the EMA teacher (`trainer.teacher = "ema"`) ----------------------------------------------
     def _ema_shadow(self) -> dict[str, torch.Tensor]:
@@ -185,4 +250,49 @@ class Policy:
 
 def token_logprobs(distributions: torch.Tensor, rows: Rows) -> torch.Tensor:
     """[B, K] the reply tokens' log-probabilities, picked from [B, K, V] `distributions`."""
-    return distributions.gather(-1, rows.targets.unsqueeze(-1)).squeeze(-1)
+    return distributions.gather(-1, rows.targets.to(distributions.device).unsqueeze(-1)).squeeze(-1)
+
+
+def placement(config: TrainerConfig) -> tuple[torch.device, torch.dtype]:
+    """The trainer's device and base dtype from `trainer.device` / `trainer.dtype`; a clear error
+    when the device asked for is not there."""
+    name = config.device
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":  # one GPU per data-parallel rank (`ranks.py`); cuda:0 alone
+        name = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"trainer.device = {config.device!r} but this torch ({torch.__version__}) sees no CUDA "
+                             "device; set trainer.device = \"cpu\" or \"auto\"")
+        index = int(name.split(":")[1]) if ":" in name else 0
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"trainer.device = {config.device!r} but only {torch.cuda.device_count()} CUDA "
+                             "device(s) are visible")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("trainer.device = \"mps\" but this torch sees no MPS device")
+    device = torch.device(name)
+    dtype = config.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if device.type == "cuda" and config.finetune == "lora" else "float32"
+    return device, getattr(torch, dtype)
+
+
+def load_base(model_path: Path, config: TrainerConfig, device: torch.device, dtype: torch.dtype) -> Any:
+    """The base model on `device` in `dtype`, or quantized (`trainer.quantize`) where that can run."""
+    if config.quantize == "none":
+        return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
+    if device.type != "cuda":
+        raise ValueError(f"trainer.quantize = {config.quantize!r} needs a CUDA trainer.device (bitsandbytes); "
+                         f"this trainer is on {device}")
+    try:
+        import bitsandbytes  # noqa: F401  (transformers imports it by name; fail here with the fix)
+    except ImportError as e:
+        raise ValueError(f"trainer.quantize = {config.quantize!r} needs bitsandbytes: pip install -e '.[qlora]'") from e
+    from transformers import BitsAndBytesConfig
+
+    quant = (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype,
+                                bnb_4bit_use_double_quant=True)
+             if config.quantize == "4bit" else BitsAndBytesConfig(load_in_8bit=True))
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, quantization_config=quant,
+                                                device_map={"": device})
