@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check, one prepared script (< 8 minutes on one GPU): the engine on CUDA, trainer steps in
+# The GPU check, one prepared script (each step time-capped; about 5 minutes on one GPU expected): the engine on CUDA, trainer steps in
 # bfloat16 on a real architecture (random weights from its config: no model hub needed), and a
 # live swap, each printing its numbers beside the same run's baseline. Figures go to $OUT (or
 # ./gpu-check/) as JSON and text, for the README.
@@ -49,25 +49,25 @@ fi
 DTYPE=$([ "$DEVICE" = cpu ] && echo float32 || echo bfloat16)
 
 # 1. The engine on the device: sequential HF generate vs our batched engine, same run.
-step engine 150 "${CLAWR1[@]}" bench engine --data-dir "$DATA" --max-tokens "$ENGINE_TOKENS" \
+step engine 120 "${CLAWR1[@]}" bench engine --data-dir "$DATA" --max-tokens "$ENGINE_TOKENS" \
     --set engine.device="\"$DEVICE\"" --set engine.dtype="\"$DTYPE\"" --set engine.threads=0 --json
 
 # 2. Trainer steps: a Qwen2.5-1.5B-shaped model, LoRA r16, 8 x 1024 reply tokens, bfloat16 base
 #    (TRL's GRPO step beside it when CLAWR1_TRL_PYTHON is set).
-step trainer 180 "${CLAWR1[@]}" bench trainer --data-dir "$DATA" --device "$DEVICE" --dtype "$DTYPE" \
+step trainer 150 "${CLAWR1[@]}" bench trainer --data-dir "$DATA" --device "$DEVICE" --dtype "$DTYPE" \
     --shape "$SHAPE" --samples "$SAMPLES" --reply-tokens "$REPLY" --micro-batches "$MB" \
     --set trainer.lora_rank=16 --set trainer.lora_alpha=32 --json
 
 # 3. An 8B-shaped model, bfloat16, LoRA r16, with checkpointing: does it fit, and how fast.
 if [ -n "$BIG" ]; then
-    step trainer-8b 150 "${CLAWR1[@]}" bench trainer --data-dir "$DATA" --device "$DEVICE" --dtype "$DTYPE" \
+    step trainer-8b 120 "${CLAWR1[@]}" bench trainer --data-dir "$DATA" --device "$DEVICE" --dtype "$DTYPE" \
         --shape "$BIG" --samples 4 --reply-tokens 1024 --micro-batches 2 --grad-checkpointing \
         --set trainer.lora_rank=16 --set trainer.lora_alpha=32 --json
 fi
 
-# 4. Live swaps with engine and trainer on the device: failed requests, p99 during swaps vs steady.
-step swap 120 "${CLAWR1[@]}" bench swap --data-dir "$DATA" --set engine.device="\"$DEVICE\"" \
-    --set engine.dtype="\"$DTYPE\"" --set trainer.device="\"$DEVICE\"" --json
+# 4. Live swaps with the engine on the device: failed requests, p99 during swaps vs steady, publish-to-serving.
+step swap 140 "${CLAWR1[@]}" bench swap --data-dir "$DATA" --set engine.device="\"$DEVICE\"" \
+    --set engine.dtype="\"$DTYPE\"" --json
 
 rm -rf "$DATA"
 echo "== done: figures in $OUT"
