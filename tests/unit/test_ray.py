@@ -145,3 +145,46 @@ def _stored(data: Path, ids: set[str]) -> bool:
             return len(pool.get_steps(sorted(ids))) == len(ids)
         except UnknownStepError:  # not committed yet (the reply goes out first)
             return False
+
+
+def test_two_trainer_rank_actors_train_as_one_group_and_reform_when_one_dies(cluster, tiny_model_dir, tmp_path):
+    """`up --ray --trainer-procs 2`: two rank actors form a gloo group and publish versions
+    together; killing rank 1 breaks the group, which is formed again (a new generation) and
+    trains on."""
+    gateway_port = free_port()
+    base = f"http://127.0.0.1:{gateway_port}"
+    data = tmp_path / "data"
+    up = subprocess.Popen([sys.executable, "-m", "clawr1.cli.main", "up", "--ray-address", cluster, "--model",
+                           str(tiny_model_dir), "--data-dir", str(data), "--port", str(gateway_port),
+                           "--batch-size", "2", "--trainer-procs", "2", "--set", "trainer.max_wait_s=0",
+                           "--set", "ray.replicas=1", "--set", "gateway.adapter_poll_s=0.2",
+                           "--set", "guard.enabled=false", "--set", "pool.lease_seconds=10"],
+                          stderr=subprocess.PIPE, text=True, env={**os.environ, "CLAWR1_DATA_DIR": ""})
+    metrics = data / "trainer" / "metrics.jsonl"
+
+    def correct(i: int) -> None:
+        ask(base, "Write me a haiku.", f"fix-{i}")
+        httpx.post(f"{base}/v1/feedback", json={"session_id": f"fix-{i}", "reward": -1,
+                                                "correction": "One short sentence."}, timeout=30).raise_for_status()
+
+    def versions() -> list[dict]:
+        return [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+
+    try:
+        wait_for(lambda: up.poll() is not None or healthy(base), timeout=240, what="clawr1 up --ray to serve")
+        assert up.poll() is None, up.stderr.read()[-3000:]
+        for i in range(2):
+            correct(i)
+        wait_for(lambda: len(versions()) >= 1, timeout=300, what="the rank group to publish v1")
+        assert versions()[0]["ranks"] == 2
+        driver(cluster, 'ray.kill(ray.get_actor("clawr1-trainer-1-g0"))')
+        wait_for(lambda: driver(cluster, 'try:\n    ray.get_actor("clawr1-trainer-1-g1"); print(1)\n'
+                                         'except ValueError:\n    print(0)') == "1",
+                 timeout=240, what="the group formed again")
+        for i in range(2, 4):
+            correct(i)
+        wait_for(lambda: len(versions()) >= 2, timeout=300, what="the new group to publish v2")
+        assert [v["version"] for v in versions()] == [1, 2] and versions()[1]["ranks"] == 2
+    finally:
+        interrupt(up, timeout=90)
+    assert up.returncode == 0, up.stderr.read()[-3000:]

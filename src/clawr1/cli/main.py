@@ -189,10 +189,9 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
     # default one would end this process before the `finally` below stops the trainer, orphaning it.
     signal.signal(signal.SIGTERM, _interrupt)
     if args.ray or args.ray_address:
-        if args.trainer_procs > 1:
-            err_console.print("[red]error:[/red] --trainer-procs > 1 is not available under --ray yet: the Ray "
-                              "trainer is one actor")
-            return 2
+        if args.trainer_procs > 1:  # under Ray, the ranks are actors
+            config = config.model_copy(update={"ray": config.ray.model_copy(
+                update={"trainer_ranks": args.trainer_procs})})
         return _up_ray(args, config)
     server = None
     if config.engine.backend != "local" and not config.engine.url:  # start the inference server ourselves

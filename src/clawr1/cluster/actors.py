@@ -7,6 +7,7 @@ lost with it: the engine reloads the newest published adapters, the pool reopens
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -97,27 +98,61 @@ class PoolService:
 
 
 class TrainerWorker:
-    """The trainer (or one trainer per tenant) in a loop, on the pool service."""
+    """The trainer (or one trainer per tenant) in a loop, on the pool service; with
+    `ray.trainer_ranks` > 1, one data-parallel rank of it, which `join`s its group first."""
 
-    def __init__(self, config: Config, pool_actor: Any):
+    def __init__(self, config: Config, pool_actor: Any, rank: int = 0, world: int = 1):
+        from clawr1.trainer.ranks import Ranks
+
+        self.config, self.pool_actor, self.rank, self.world = config, pool_actor, rank, world
+        self.ranks = Ranks()
+        self.stop_event = threading.Event()
+        self.published: list[dict[str, Any]] = []
+        self.trainer: Any = None
+        if world == 1:
+            self._build()
+
+    def address(self) -> tuple[str, int]:
+        """Rank 0: where the group meets (this node's address and a free port on it)."""
+        import ray
+
+        from clawr1.trainer.ranks import free_port
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def join(self, host: str, port: int) -> int:
+        """Form the group with the other ranks (every rank's `join` runs at once), then load the
+        policy. Each actor sees only the GPUs Ray gave it, so its rank's device is `cuda:0`."""
+        from clawr1.trainer.ranks import Ranks
+
+        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world), LOCAL_RANK="0", MASTER_ADDR=host,
+                          MASTER_PORT=str(port))
+        self.ranks = Ranks.from_env(self.config.trainer.device)
+        self._build()
+        return self.rank
+
+    def _build(self) -> None:
         from clawr1.cluster.pool import RayPool
         from clawr1.trainer.loop import Trainer
         from clawr1.trainer.tenants import TenantTrainers
 
-        pool = RayPool(pool_actor)
-        self.trainer = TenantTrainers(config, pool) if config.tenants.adapter_per_tenant else Trainer(config, pool)
-        self.stop_event = threading.Event()
-        self.published: list[dict[str, Any]] = []
+        pool = RayPool(self.pool_actor)
+        self.trainer = (TenantTrainers(self.config, pool) if self.config.tenants.adapter_per_tenant
+                        else Trainer(self.config, pool, ranks=self.ranks))
 
     def run(self) -> None:
-        while not self.stop_event.is_set():
+        # Rank 0 decides when every rank stops (a rank leaving alone would hang the others).
+        while not self.ranks.broadcast(self.stop_event.is_set()):
             metrics = self.trainer.run_once()
             if metrics is None:
-                self.stop_event.wait(0.5)
+                if self.ranks.lead:
+                    self.stop_event.wait(0.5)
                 continue
-            self.published.append({k: metrics[k] for k in ("version", "lease", "loss") if k in metrics})
-            log.info("published v%s", metrics["version"])
+            if self.ranks.lead:
+                self.published.append({k: metrics[k] for k in ("version", "lease", "loss") if k in metrics})
+                log.info("published v%s", metrics["version"])
         self.trainer.close()
+        self.ranks.close()
 
     def stop(self) -> None:
         self.stop_event.set()

@@ -38,11 +38,48 @@ def start_actors(config: Config) -> dict[str, Any]:
     replicas = [remote(actors.EngineReplica, actor_name(config, "engine", i), num_cpus=rc.replica_cpus,
                        num_gpus=rc.replica_gpus, max_task_retries=0).remote(config, i) for i in range(rc.replicas)]
     ray.get([r.ready.remote() for r in replicas])
-    trainer = remote(actors.TrainerWorker, actor_name(config, "trainer"), max_concurrency=2).remote(config, pool)
+    trainer = (remote(actors.TrainerWorker, actor_name(config, "trainer"), max_concurrency=2).remote(config, pool)
+               if rc.trainer_ranks == 1 else None)  # ranks: `trainer_group`, started by `keep_group_running`
     judges = [remote(actors.JudgeWorker, actor_name(config, "judge", i)).remote(config, pool, replicas,
                                                                                  (i, rc.judge_workers))
               for i in range(rc.judge_workers)]
     return {"pool": pool, "replicas": replicas, "trainer": trainer, "judges": judges}
+
+
+def trainer_group(config: Config, pool: Any, generation: int) -> list[Any]:
+    """`ray.trainer_ranks` trainer rank actors, joined into one `torch.distributed` group."""
+    import ray
+
+    from clawr1.cluster import actors
+
+    rc = config.ray
+    ranks = [ray.remote(actors.TrainerWorker).options(
+        name=f"{actor_name(config, 'trainer', i)}-g{generation}", max_concurrency=2, max_restarts=0,
+        num_gpus=rc.trainer_gpus).remote(config, pool, i, rc.trainer_ranks) for i in range(rc.trainer_ranks)]
+    host, port = ray.get(ranks[0].address.remote())
+    ray.get([rank.join.remote(host, port) for rank in ranks])
+    return ranks
+
+
+async def keep_group_running(config: Config, pool: Any, group: list[list[Any]]) -> None:
+    """The trainer ranks' loops: when one rank fails (its actor died, or the group broke), every
+    rank is stopped and a new group formed; it resumes from the checkpoint, and the lease of the
+    version in the making comes back. `group[0]` is the running group (for the shutdown)."""
+    import ray
+
+    generation = 0
+    while True:
+        ranks = await asyncio.to_thread(trainer_group, config, pool, generation)
+        group[:] = [ranks]
+        try:
+            await asyncio.gather(*[rank.run.remote() for rank in ranks])
+            return
+        except Exception as error:
+            log.error("a trainer rank failed (%s); forming the group again", type(error).__name__)
+            for rank in ranks:
+                ray.kill(rank, no_restart=True)
+            generation += 1
+            await asyncio.sleep(2.0)
 
 
 async def keep_running(name: str, call: Callable[[], Any]) -> None:
@@ -75,13 +112,16 @@ def up_ray(config: Config, address: str | None, on_ready: Callable[[int, str], N
         router = RouterEngine(resolve_model(config.engine.model, config.data_dir), config.engine, roles["replicas"])
 
         def workers(gw: Gateway) -> list[Coroutine[Any, Any, None]]:
-            jobs = [keep_running("trainer", lambda: roles["trainer"].run.remote())]
+            jobs = ([keep_running("trainer", lambda: roles["trainer"].run.remote())] if roles["trainer"] is not None
+                    else [keep_group_running(config, roles["pool"], group)])
             jobs += [keep_running(f"judge {i}", lambda j=judge: j.run.remote()) for i, judge in enumerate(roles["judges"])]
             return jobs
 
+        group: list[list[Any]] = []  # the trainer ranks' current group, when there are several
         try:
             asyncio.run(serve(config, on_ready=on_ready, workers=workers, engine=router, pool=RayPool(roles["pool"])))
         finally:
-            ray.get(roles["trainer"].stop.remote(), timeout=60)
+            trainers = [roles["trainer"]] if roles["trainer"] is not None else (group[0] if group else [])
+            ray.get([t.stop.remote() for t in trainers], timeout=60)
     finally:
         ray.shutdown()

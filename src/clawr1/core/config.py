@@ -518,6 +518,13 @@ class RayConfig(_Section):
     judge_workers: int = Field(1, ge=1, le=64)
     """Reward-worker actors; each judges its own share of the turns (by step id)."""
 
+    trainer_ranks: int = Field(1, ge=1, le=256)
+    """Data-parallel trainer rank actors (`trainer/ranks.py`): they form a `torch.distributed`
+    group themselves (NCCL on GPUs, gloo on CPUs); a rank that dies restarts the whole group."""
+
+    trainer_gpus: float = Field(0.0, ge=0, le=64)
+    """GPUs Ray reserves for each trainer rank (1: a GPU each, as `cuda:0` inside the actor)."""
+
     namespace: str = Field("clawr1", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
     """Ray namespace of the actors (`clawr1-engine-0`, ..., `clawr1-pool`, `clawr1-trainer`)."""
 
