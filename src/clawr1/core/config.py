@@ -257,8 +257,9 @@ class TrainerConfig(_Section):
     longer than the budget alone still trains, as a pass of its own."""
 
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
-    """Torch device of the trainer: `auto` = the first CUDA device when there is one, else the
-    CPU. It may differ from `engine.device` (engine on cuda:0, trainer on cuda:1) or share it."""
+    """Torch device of the trainer: `auto` = `cuda` when there is a CUDA device, else the CPU;
+    `cuda` = `cuda:0`, or each data-parallel rank's own `cuda:LOCAL_RANK`. It may differ from
+    `engine.device` (engine on cuda:0, trainer on cuda:1) or share it."""
 
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Dtype of the base weights (`auto`: bfloat16 on CUDA, float32 elsewhere). LoRA weights and
