@@ -104,8 +104,8 @@ def cmd_serve(args: argparse.Namespace, config: Config) -> int:
     from clawr1.gateway.server import UnsafeBindError, serve
 
     def ready(port: int, note: str) -> None:
-        url = f"http://{config.gateway.host}:{port}/v1"
-        board = f"http://{config.gateway.host}:{port}/dashboard"
+        url = f"{config.gateway.scheme}://{config.gateway.host}:{port}/v1"
+        board = f"{config.gateway.scheme}://{config.gateway.host}:{port}/dashboard"
         say(config, f"[green]Claw-R1 gateway[/green] on {url} (model {config.engine.model}, data {config.data_dir}); "
             f"dashboard {board}; {note}", f"gateway on {url}; {note}", url=url, dashboard=board,
             model=config.engine.model, data_dir=config.data_dir)
@@ -231,8 +231,8 @@ def _up_local(args: argparse.Namespace, config: Config, server: Any) -> int:
     log_path = run_dir / "trainer.log"
 
     def ready(port: int, note: str) -> None:
-        url = f"http://{config.gateway.host}:{port}/v1"
-        board = f"http://{config.gateway.host}:{port}/dashboard"
+        url = f"{config.gateway.scheme}://{config.gateway.host}:{port}/v1"
+        board = f"{config.gateway.scheme}://{config.gateway.host}:{port}/dashboard"
         say(config, f"[green]Claw-R1[/green] serving on {url} (model {config.engine.model}); judge + trainer "
             f"({config.trainer.method}) running; dashboard {board}; trainer log {log_path}; {note}",
             f"serving on {url}; {note}", url=url, dashboard=board, model=config.engine.model,
@@ -294,10 +294,10 @@ def _up_ray(args: argparse.Namespace, config: Config) -> int:
     from clawr1.cluster.launch import up_ray
 
     def ready(port: int, note: str) -> None:
-        url = f"http://{config.gateway.host}:{port}/v1"
+        url = f"{config.gateway.scheme}://{config.gateway.host}:{port}/v1"
         say(config, f"[green]Claw-R1 on Ray[/green] serving on {url} through {config.ray.replicas} engine replicas; "
             f"trainer and {config.ray.judge_workers} judge worker(s) as actors; dashboard "
-            f"http://{config.gateway.host}:{port}/dashboard; {note}", f"serving on {url} (ray); {note}", url=url,
+            f"{config.gateway.scheme}://{config.gateway.host}:{port}/dashboard; {note}", f"serving on {url} (ray); {note}", url=url,
             replicas=config.ray.replicas, ray_address=args.ray_address or "local")
 
     try:
@@ -338,7 +338,7 @@ def cmd_eval(args: argparse.Namespace, config: Config) -> int:
     from clawr1.demo.report import rate
     from clawr1.demo.users import HELD_OUT, make_users
 
-    base = args.base_url or f"http://{config.gateway.host}:{config.gateway.port}"
+    base = args.base_url or f"{config.gateway.scheme}://{config.gateway.host}:{config.gateway.port}"
     key = args.api_key or (config.gateway.api_keys[0] if config.gateway.api_keys else "none")
     preferences = parse_preferences(args.preferences)
 

@@ -89,7 +89,7 @@ def cmd_openclaw_config(args: argparse.Namespace, config: Config) -> int:
     if not 1 <= max_tokens < context:
         print(f"error: --max-tokens must be between 1 and the context ({context})", file=sys.stderr)
         return 2
-    base_url = args.base_url or f"http://{config.gateway.host}:{config.gateway.port}/v1"
+    base_url = args.base_url or f"{config.gateway.scheme}://{config.gateway.host}:{config.gateway.port}/v1"
     if args.provider_only:
         out: dict[str, Any] = provider(config, base_url=base_url, context=context, max_tokens=max_tokens)
     else:

@@ -143,6 +143,13 @@ class GatewayConfig(_Section):
     api_keys: list[str] = Field(default_factory=list, max_length=10_000)
     """Bearer keys agents must send. Empty: no auth, and the gateway only binds to loopback."""
 
+    tls_cert: Path | None = None
+    """PEM certificate (chain) to serve HTTPS with (uvicorn's TLS); set with `tls_key`. Unset:
+    plain HTTP, which is fine on loopback; across a network, set both."""
+
+    tls_key: Path | None = None
+    """PEM private key of `tls_cert`."""
+
     admin_key: str | None = Field(None, min_length=16, max_length=512)
     """Separate key for `/admin/*` routes; unset = admin routes disabled."""
 
@@ -179,6 +186,20 @@ class GatewayConfig(_Section):
     session_idle_s: float = Field(1800.0, gt=0, le=30 * 86_400)
     """A session with no request for this long is closed (its last turn is masked unless it has
     feedback), and its matcher state is freed."""
+
+    @property
+    def scheme(self) -> str:
+        """`https` with `tls_cert`, else `http`: what the URLs printed for clients start with."""
+        return "https" if self.tls_cert else "http"
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> GatewayConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("gateway.tls_cert and gateway.tls_key go together: set both, or neither")
+        for path in (self.tls_cert, self.tls_key):
+            if path is not None and not Path(path).is_file():
+                raise ValueError(f"gateway TLS file {path} does not exist")
+        return self
 
 
 class RewardConfig(_Section):
@@ -358,6 +379,13 @@ class TrainerConfig(_Section):
     negative_weight: float = Field(0.3, ge=0, le=10)
     """Scale of the negative advantages of online (singleton) samples, after the baseline: below 1,
     "less of this" counts less than "more of this", which says where probability should go."""
+
+    opd_estimator: Literal["sampled", "full"] = "sampled"
+    """How OPD measures the teacher: `sampled`, the teacher-minus-behaviour logprob of each sampled
+    token as its advantage (OpenClaw-RL's estimator: it can only raise or lower tokens the policy
+    sampled); `full`, the exact KL(policy || teacher) over the whole vocabulary at every reply
+    position of a hinted sample, weighted by `w_opd` (the same objective without the sampling: it
+    also moves probability to tokens the policy did not sample, such as ending the reply early)."""
 
     opd_clip: float = Field(2.0, gt=0, le=100)
     """OPD advantage bound: teacher - behaviour logprob per token is clipped to [-opd_clip, opd_clip]."""

@@ -5,9 +5,15 @@ S's last assistant reply. Real clients are messy (see shared/OPENCLAW.md), so:
 - S's last request message may be absent (OpenClaw appends an internal-context message to every
   request and drops it from the next one);
 - tool-call ids are ignored (OpenClaw rewrites them); calls match on name + arguments;
-- content compares as text (string or parts), trimmed.
-Prefixes are indexed by a rolling hash, so a lookup costs one dict probe per message of the
-request, whatever the number of open sessions. Tenants never match across.
+- content compares as text (string or parts), trimmed;
+- a long conversation gets compacted: the client replaces the older turns by a summary and keeps
+  the system prompt and the recent turns. Such a request no longer starts with S's transcript, but
+  it still holds S's last reply right after the message S's last request ended with, and starts
+  with S's system prompt: that continues S too (`Match.compacted`), so S's last turn still gets
+  its next state.
+Prefixes are indexed by a rolling hash and last replies by their fingerprint, so a lookup costs
+one or two dict probes per message of the request, whatever the number of open sessions. Tenants
+never match across.
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ def rolling(fingerprints: list[str]) -> list[str]:
 @dataclass(frozen=True)
 class Match:
     session_id: str
-    prefix_len: int  # messages of the request that the session already holds
+    prefix_len: int  # messages of the request that the session already holds (up to its last reply)
+    compacted: bool = False  # matched by its last reply after the client compacted the history
 
 
 class HistoryMatcher:
@@ -49,14 +56,29 @@ class HistoryMatcher:
     def __init__(self) -> None:
         self._index: dict[tuple[str, str], tuple[str, int]] = {}  # (tenant, prefix hash) -> (session, len)
         self._keys: dict[str, list[tuple[str, str]]] = {}  # session -> its index keys
+        # (tenant, last reply's fingerprint) -> (session, its system prompt's fingerprint or None,
+        # the fingerprints the message before that reply may have)
+        self._tails: dict[tuple[str, str], tuple[str, str | None, frozenset[str]]] = {}
+        self._tail_keys: dict[str, tuple[str, str]] = {}
 
     def find(self, tenant: str, messages: list[dict[str, Any]]) -> Match | None:
         """The session whose transcript is the longest prefix of `messages`, if any."""
-        hashes = rolling([fingerprint(m) for m in messages])
+        fps = [fingerprint(m) for m in messages]
+        hashes = rolling(fps)
         for i in range(len(hashes) - 1, -1, -1):
             hit = self._index.get((tenant, hashes[i]))
             if hit is not None:
                 return Match(hit[0], i + 1)
+        return self._compacted(tenant, fps)
+
+    def _compacted(self, tenant: str, fps: list[str]) -> Match | None:
+        """The session a compacted request continues: it holds the session's last reply right after
+        the message the session's last request ended with, and starts with the same system prompt.
+        Searched from the end, so the latest reply wins."""
+        for j in range(len(fps) - 1, 0, -1):
+            hit = self._tails.get((tenant, fps[j]))
+            if hit is not None and fps[j - 1] in hit[2] and (hit[1] is None or fps[0] == hit[1]):
+                return Match(hit[0], j + 1, compacted=True)
         return None
 
     def record(self, tenant: str, session_id: str, messages: list[dict[str, Any]], reply: dict[str, Any]) -> None:
@@ -71,11 +93,17 @@ class HistoryMatcher:
             keys.append((tenant, full[-1]))
             self._index[(tenant, full[-1])] = (session_id, len(full))
         self._keys[session_id] = keys
+        system = fps[0] if messages and messages[0].get("role") in ("system", "developer") else None
+        self._tails[(tenant, reply_fp)] = (session_id, system, frozenset(fps[-2:]))
+        self._tail_keys[session_id] = (tenant, reply_fp)
 
     def forget(self, session_id: str) -> None:
         for key in self._keys.pop(session_id, []):
             if self._index.get(key, (None,))[0] == session_id:
                 del self._index[key]
+        tail = self._tail_keys.pop(session_id, None)
+        if tail is not None and self._tails.get(tail, (None,))[0] == session_id:
+            del self._tails[tail]
 
     def __len__(self) -> int:
         return len(self._keys)

@@ -109,7 +109,7 @@ async def handle(request: Request, wire: Wire, path_ids: tuple[str, str] | None)
         caller = await gw.caller(wire.token(request))
         body = await read_json(request, gw.config.gateway.max_body_bytes, gw.config.gateway.max_json_depth)
         req = validate(wire.request_model, body)
-        headers = {k.lower(): v for k, v in request.headers.items()}
+        headers = body_session_fields(body, {k.lower(): v for k, v in request.headers.items()})
         if headers.get("x-session-id") is not None:
             schema.check_id(headers["x-session-id"], "X-Session-Id")
         job = wire.prepare(gw, req, caller, headers, path_ids)
@@ -122,6 +122,32 @@ async def handle(request: Request, wire: Wire, path_ids: tuple[str, str] | None)
     except (APIError, EngineError) as exc:
         return wire.error_response(exc)
     return Exchange(gw, wire, job, caller, headers, path_ids)
+
+
+# OpenClaw-RL's clients name the session in the body as well as in headers: the same three fields.
+BODY_SESSION_FIELDS = (("session_id", "x-session-id"), ("turn_type", "x-turn-type"),
+                       ("session_done", "x-session-done"))
+
+
+def body_session_fields(body: Any, headers: dict[str, str]) -> dict[str, str]:
+    """`headers` (lower-cased) with `session_id`, `turn_type` and `session_done` from the request
+    body added as the `X-Session-Id`, `X-Turn-Type` and `X-Session-Done` headers they stand for;
+    a header that is there wins. A field of the wrong type is a 400."""
+    if not isinstance(body, dict):
+        return headers
+    for name, header in BODY_SESSION_FIELDS:
+        value = body.get(name)
+        if value is None or header in headers:
+            continue
+        if name == "session_done" and isinstance(value, bool):
+            value = "true" if value else "false"
+        elif name == "session_id" and isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        if not isinstance(value, str):
+            raise APIError(400, f"{name} must be a {'boolean' if name == 'session_done' else 'string'}",
+                           param=name, code="invalid_type")
+        headers[header] = value
+    return headers
 
 
 class Exchange(Response):

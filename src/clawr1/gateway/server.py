@@ -43,7 +43,9 @@ def check_exposure(config: Config) -> str:
                                   "tenants.keys) or bind 127.0.0.1")
         return f"no API keys configured: serving on {gw.host} (loopback) only"
     tenants = f" for {len(config.tenants.keys)} named tenant(s) and the default one" if config.tenants.keys else ""
-    return f"{keys} API key(s) required{tenants}"
+    transport = "HTTPS" if gw.tls_cert else ("plain HTTP: set gateway.tls_cert and tls_key to encrypt"
+                                             if not is_loopback(gw.host) else "plain HTTP on loopback")
+    return f"{keys} API key(s) required{tenants}; {transport}"
 
 
 def tune_gc() -> None:
@@ -69,8 +71,11 @@ async def serve(config: Config, on_ready: Callable[[int, str], None] | None = No
     jobs = [asyncio.create_task(job) for job in (workers(app.state.gateway) if workers else [])]
     # log_config=None: uvicorn's records go to the root handler (rich or JSON, secrets redacted)
     # instead of handlers of its own that would print plain text beside our JSON lines.
+    tls = config.gateway.tls_cert is not None
     server = uvicorn.Server(uvicorn.Config(app, host=config.gateway.host, port=config.gateway.port,
-                                           log_level="warning", access_log=False, log_config=None))
+                                           log_level="warning", access_log=False, log_config=None,
+                                           ssl_certfile=str(config.gateway.tls_cert) if tls else None,
+                                           ssl_keyfile=str(config.gateway.tls_key) if tls else None))
     try:
         task = asyncio.create_task(server.serve())
         while not server.started and not task.done():

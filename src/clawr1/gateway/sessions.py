@@ -31,7 +31,7 @@ class Turn:
     turn_index: int
     turn_type: Literal["main", "side"]
     done: bool  # X-Session-Done: close the session once this turn is stored
-    how: Literal["path", "header", "key", "matched", "new"]
+    how: Literal["path", "header", "key", "matched", "compacted", "new"]
 
 
 class SessionResolver:
@@ -59,7 +59,7 @@ class SessionResolver:
         if turn_type not in ("main", "side"):
             turn_type = "main"
         done = headers.get("x-session-done", "").strip().lower() in ("1", "true", "yes")
-        how: Literal["path", "header", "key", "matched", "new"]
+        how: Literal["path", "header", "key", "matched", "compacted", "new"]
         if path_ids is not None:
             session_id, prompt_id, how = path_ids[0], path_ids[1], "path"
         elif headers.get("x-session-id"):
@@ -71,7 +71,10 @@ class SessionResolver:
         else:
             with self._lock:
                 match = self.matcher.find(tenant, messages) if messages else None
-            session_id, how = (match.session_id, "matched") if match else ("s-" + uuid.uuid4().hex[:16], "new")
+            if match is None:
+                session_id, how = "s-" + uuid.uuid4().hex[:16], "new"
+            else:
+                session_id, how = match.session_id, ("compacted" if match.compacted else "matched")
             prompt_id = session_id
         return Turn(tenant, session_id, prompt_id, -1, turn_type, done, how)  # type: ignore[arg-type]
 

@@ -1,0 +1,88 @@
+"""Sessions that survive context compaction: the client replaces the older turns by a summary and
+keeps its system prompt and the recent turns; history matching still continues the session, and
+the last turn before the compaction still gets its next state."""
+
+from __future__ import annotations
+
+import openai
+
+from clawr1.gateway.matcher import HistoryMatcher
+from tests.gateway_helpers import live_gateway, steps_of, wait_for
+
+SYSTEM = {"role": "system", "content": "You are a helpful agent."}
+SUMMARY = "Summary of the conversation so far: the user asked several questions about cooking."
+
+
+def compact(history: list[dict], keep: int) -> list[dict]:
+    """What an agent sends after compacting: system prompt, a summary, the last `keep` messages."""
+    return [history[0], {"role": "user", "content": SUMMARY}, *history[-keep:]]
+
+
+def converse(matcher: HistoryMatcher | None, turns: int, every: int, keep: int) -> list[str]:
+    """A stock client's long conversation through `matcher` (None: a matcher that cannot see
+    compactions), compacted every `every` turns; returns the session of each turn."""
+    matcher = _PrefixOnly() if matcher is None else matcher
+    history, sessions, n = [SYSTEM], [], 0
+    for t in range(turns):
+        history = history + [{"role": "user", "content": f"question {t}"}]
+        if t and t % every == 0:
+            history = compact(history, keep)
+        match = matcher.find("default", history)
+        session = match.session_id if match else f"s{n}"
+        n += match is None
+        reply = {"role": "assistant", "content": f"answer {t}"}
+        matcher.record("default", session, history, reply)
+        history = history + [reply]
+        sessions.append(session)
+    return sessions
+
+
+class _PrefixOnly(HistoryMatcher):
+    """The matcher without compaction detection: the behaviour before it."""
+
+    def _compacted(self, tenant, fps):
+        return None
+
+
+def test_a_compacted_conversation_stays_one_session():
+    before, after = converse(None, 30, every=6, keep=3), converse(HistoryMatcher(), 30, every=6, keep=3)
+    assert len(set(before)) == 5  # every compaction started a new session
+    assert len(set(after)) == 1
+
+
+def test_only_the_sessions_own_latest_reply_after_its_last_message_and_system_prompt_matches():
+    matcher = HistoryMatcher()
+    history = [SYSTEM, {"role": "user", "content": "a"}, {"role": "assistant", "content": "A"},
+               {"role": "user", "content": "b"}]
+    matcher.record("default", "s", history, {"role": "assistant", "content": "B"})
+    compacted = [SYSTEM, {"role": "user", "content": SUMMARY}, {"role": "user", "content": "b"},
+                 {"role": "assistant", "content": "B"}, {"role": "user", "content": "c"}]
+    match = matcher.find("default", compacted)
+    assert match is not None and match.session_id == "s" and match.compacted and match.prefix_len == 4
+    # Another system prompt, another tenant, an older reply, or the reply after another message: new.
+    assert matcher.find("default", [{"role": "system", "content": "Another agent."}, *compacted[1:]]) is None
+    assert matcher.find("other", compacted) is None
+    assert matcher.find("default", [SYSTEM, {"role": "user", "content": SUMMARY}, {"role": "user", "content": "a"},
+                                    {"role": "assistant", "content": "A"}, {"role": "user", "content": "c"}]) is None
+    assert matcher.find("default", [SYSTEM, {"role": "user", "content": "x"}, {"role": "assistant", "content": "B"},
+                                    {"role": "user", "content": "c"}]) is None
+    matcher.forget("s")
+    assert matcher.find("default", compacted) is None
+
+
+def test_a_compacted_request_continues_the_session_over_http_and_pairs_the_last_turn(engine, tmp_path):
+    with live_gateway(engine, tmp_path) as (base, pool):
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+        history = [SYSTEM]
+        for t in range(4):
+            history.append({"role": "user", "content": f"question {t}"})
+            if t == 3:  # the client compacts: turns 0-1 become a summary, turn 2 is kept
+                history = compact(history, keep=3)
+            reply = client.chat.completions.create(model="m", messages=history, max_tokens=4, temperature=0)
+            history.append({"role": "assistant", "content": reply.choices[0].message.content})
+        steps = sorted(steps_of(pool, 4), key=lambda s: s.turn_index)
+        assert len({s.session_id for s in steps}) == 1 and [s.turn_index for s in steps] == [0, 1, 2, 3]
+        # Turn 2 (the last before the compaction) is paired with the compacted request's new message.
+        wait_for(lambda: pool.get_steps([steps[2].step_id])[0].next_state, what="turn 2's next state")
+        next_state = pool.get_steps([steps[2].step_id])[0].next_state
+        assert next_state[-1]["content"] == "question 3"
