@@ -146,3 +146,39 @@ def test_the_trainer_undoes_a_rejected_version_and_keeps_a_promoted_one(tiny_mod
     assert resumed.promoted == 2 and all(torch.equal(moved[k], v) for k, v in resumed.policy.named_trainable().items())
     resumed.close()
     pool.close()
+
+
+def test_rejections_in_a_row_do_not_make_the_incumbents_samples_stale(tiny_model_dir, tmp_path, generations):
+    """After a rejected candidate the trainer holds the incumbent's weights again, so the samples
+    the incumbent serves are on-policy: staleness counts from the weights held, not from the newest
+    version number. (Counted from the number, three rejections with a bound of 1 dropped every
+    sample the served v0 produced, and the trainer starved: seen in a demo run.)"""
+    from clawr1.core.records import Reward, Step
+    from clawr1.trainer.loop import Trainer
+
+    config = load_config(None, [f'data_dir="{tmp_path}"', f'engine.model="{tiny_model_dir}"', "trainer.batch_size=2",
+                                "trainer.min_samples=2", "trainer.lr=0.05", "trainer.poll_s=0.02",
+                                "pool.max_staleness=1", "guard.decision_timeout_s=30"])
+    root = tmp_path / "adapters"
+    with SQLitePool(tmp_path, config.pool) as pool:
+        trainer = Trainer(config, pool)
+        for version in (1, 2, 3, 4):
+            for i in (2 * version, 2 * version + 1):  # served by the incumbent, v0
+                messages, gen = generations[i]
+                pool.append_step(Step(step_id=f"g-{i}", tenant="default", session_id=f"s{i}", prompt_id=f"s{i}",
+                                      turn_index=0, turn_type="main", messages=messages, tools=None,
+                                      prompt_ids=gen.prompt_ids, token_ids=gen.token_ids, logprobs=gen.logprobs,
+                                      text=gen.text, policy_version=0, adapter=None,
+                                      finish_reason=gen.finish_reason, temperature=gen.temperature))
+                pool.add_reward(Reward(step_id=f"g-{i}", score=1.0 if i % 2 else -1.0, source="test"))
+
+            def judge(v: int = version) -> None:
+                wait_for(lambda: store.newest(root, "policy") and store.newest(root, "policy")[0] == v, 30)
+                store.decide(root, "policy", v, "rejected", "test", {})
+
+            threading.Thread(target=judge, daemon=True).start()
+            metrics = wait_for(trainer.run_once, 30, f"version {version}")
+            assert metrics["verdict"] == "rejected" and metrics["lease"] == 2 and metrics["staleness"] == 0
+        assert trainer.version == 4 and trainer.promoted == 0 and trainer.weights_of == 0
+        assert pool.stats()["dropped"] == 0
+        trainer.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -173,3 +175,38 @@ def test_a_batch_without_a_trainable_token_is_acknowledged_without_a_version(tin
         assert trainer.skipped == 1 and trainer.version == 0 and trainer.step_count == 0
         assert adapters.latest(tmp_path / "adapters", ADAPTER) is None
         assert pool.stats()["consumed"] == 3
+
+
+def test_full_vocabulary_opd_moves_the_policy_to_the_hinted_teacher(tiny_model_dir, tmp_path, generations):
+    """`opd_estimator = "full"`: OPD is the KL to the hint-informed teacher at every reply position.
+    A few steps on the same hinted samples bring the policy closer to that teacher, and raise the
+    probability of the tokens the teacher prefers where the policy sampled something else: what the
+    sampled estimator, which only sees sampled tokens, cannot aim at."""
+    from clawr1.trainer.batch import TrainSample, _teacher_rows
+    from clawr1.trainer.policy import pack
+
+    config = config_for(tiny_model_dir, tmp_path, 'trainer.method="opd"', 'trainer.opd_estimator="full"',
+                        "trainer.kl_coef=0", "trainer.batch_size=6", "trainer.micro_batch=6")
+    hint = "Answer in one short sentence."
+    with SQLitePool(tmp_path, config.pool) as pool:
+        trainer = Trainer(config, pool, resume=False)
+        policy = trainer.policy
+        samples = [TrainSample(step_of(i, *generations[i]), None, hint=hint) for i in range(6)]
+        steps = [s.step for s in samples]
+        rows = pack([s.prompt_ids for s in steps], [s.token_ids for s in steps], [s.temperature for s in steps],
+                    policy.pad_id)
+        with torch.no_grad(), policy.adapter_off():
+            teacher = policy.distributions(_teacher_rows(policy, samples, list(range(6))))
+        favourite = teacher[:, -rows.targets.shape[1]:].argmax(-1)  # the teacher's top token per position
+        elsewhere = (favourite != rows.targets) & (rows.mask > 0)
+        assert elsewhere.sum() >= 5
+
+        def favourite_logp() -> float:
+            with torch.no_grad():
+                logp = policy.distributions(rows).gather(-1, favourite[..., None]).squeeze(-1)
+            return float(logp[elsewhere].mean())
+
+        before_logp = favourite_logp()
+        kls = [trainer.train_step(samples)["kl_teacher"] for _ in range(5)]
+        assert all(b < a for a, b in itertools.pairwise(kls)) and kls[-1] < 0.85 * kls[0], kls
+        assert favourite_logp() > before_logp + 0.1

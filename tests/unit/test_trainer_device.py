@@ -1,5 +1,5 @@
 """The trainer on any device and dtype, with the same maths: the fused, chunked head equals the
-unchunked log-softmax (values and gradients), a bfloat16 base gives the float32 update within
+unchunked log-softmax (values and gradients, the KLs to the base and to the hinted teacher too), a bfloat16 base gives the float32 update within
 bfloat16's precision with float32 master weights, token-budget micro-batches and gradient
 checkpointing change nothing but memory, and impossible placements fail with the fix in the message."""
 
@@ -10,7 +10,7 @@ import torch
 
 from clawr1.datapool import SQLitePool
 from clawr1.trainer import head
-from clawr1.trainer.batch import TrainSample, prepare
+from clawr1.trainer.batch import TrainSample, _teacher_rows, prepare
 from clawr1.trainer.loop import Trainer, micro_batches
 from clawr1.trainer.losses import masked_mean, vocab_entropy, vocab_kl
 from clawr1.trainer.policy import Policy, placement, token_logprobs
@@ -57,30 +57,46 @@ def grads(trainer: Trainer) -> dict[str, torch.Tensor]:
 
 
 def test_the_chunked_head_equals_the_unchunked_log_softmax(tiny_model_dir, tmp_path, generations, monkeypatch):
-    trainer = trainer_for(tiny_model_dir, tmp_path)
+    trainer = trainer_for(tiny_model_dir, tmp_path, 'trainer.method="combine"', 'trainer.opd_estimator="full"')
     moved(trainer)
     policy, samples = trainer.policy, samples_of(generations)
+    for i in (0, 2, 3):
+        samples[i].hint = "Answer in one short sentence."
     m = prepare(policy, samples, trainer.tc, torch.ones(len(samples)))
+    assert m.teacher is not None and m.distill is not None
     monkeypatch.setattr(head, "CHUNK_ELEMENTS", 3 * len(policy.tokenizer))  # three positions a chunk
     assert len(head.chunks(int(m.mask.sum()), len(policy.tokenizer))) > 10
 
-    # The unchunked reference: the model's own logits, log_softmax over [B, K, V].
+    # The unchunked references: the model's own logits, log_softmax over [B, K, V]; the teacher's
+    # from the hint-augmented contexts (base weights), right-aligned on the same reply tokens.
     full = policy.distributions(m.rows)
     with torch.no_grad(), policy.adapter_off():
         base = policy.distributions(m.rows)
-    ref_logp, ref_entropy, ref_kl = token_logprobs(full, m.rows), vocab_entropy(full), vocab_kl(full, base)
-    ref_loss = (masked_mean(ref_logp, m.mask) + masked_mean(ref_entropy, m.mask) + masked_mean(ref_kl, m.mask))
+        hinted = policy.distributions(_teacher_rows(policy, samples, [0, 2, 3]))
+    teacher = base.clone()
+    for j, i in enumerate((0, 2, 3)):
+        n = len(samples[i].step.token_ids)
+        teacher[i, -n:] = hinted[j, -n:]
+    on = m.mask > 0
+    ref_logp, ref_entropy = token_logprobs(full, m.rows), vocab_entropy(full)
+    ref_kl, ref_teacher = vocab_kl(full, base), vocab_kl(full, teacher)
+    ref_loss = (masked_mean(ref_logp, m.mask) + masked_mean(ref_entropy, m.mask) + masked_mean(ref_kl, m.mask)
+                + masked_mean(ref_teacher, m.distill))
     ref_loss.backward()
     expected = grads(trainer)
     trainer.optimizer.zero_grad(set_to_none=True)
 
-    logp, entropy, kl = policy.stats(m.rows, m.mask, reference=True)
-    on = m.mask > 0
+    logp, entropy, kl, kl_teacher = policy.stats(m.rows, m.mask, reference=True, teacher=m.teacher,
+                                                 teacher_head=m.teacher_head)
+    hint = m.distill > 0
     assert torch.allclose(logp[on], ref_logp[on], atol=1e-5)
     assert torch.allclose(entropy[on], ref_entropy[on], atol=1e-5)
     assert torch.allclose(kl[on], ref_kl[on], atol=1e-5) and kl[on].max() > 1e-4
+    assert torch.allclose(kl_teacher[hint], ref_teacher[hint], atol=1e-5) and kl_teacher[hint].max() > 1e-3
+    assert hint.sum() < on.sum()  # the samples without a hint have no teacher term
     assert torch.allclose(policy.logprobs(m.rows)[on], ref_logp[on].detach(), atol=1e-5)
-    (masked_mean(logp, m.mask) + masked_mean(entropy, m.mask) + masked_mean(kl, m.mask)).backward()
+    (masked_mean(logp, m.mask) + masked_mean(entropy, m.mask) + masked_mean(kl, m.mask)
+     + masked_mean(kl_teacher, m.distill)).backward()
     for name, g in grads(trainer).items():  # float32 sums in another order: equal to ~1e-6 relative
         assert float((g - expected[name]).norm() / expected[name].norm()) < 1e-4, name
     assert sum(float(g.abs().sum()) for g in expected.values()) > 0

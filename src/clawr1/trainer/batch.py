@@ -6,6 +6,8 @@ computed once per batch (`rl_advantages`), before the batch is cut into micro-ba
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +56,11 @@ class Prepared:
     mask: torch.Tensor  # [B, K]: reply tokens of samples with a signal
     sampled: torch.Tensor  # [B, K]: the tokens of `mask` whose behaviour logprob the engine stored
     stats: dict[str, float]  # counts: they add up over micro-batches
+    # `opd_estimator = "full"`: the hinted teacher's hidden states [B, K, H] at the reply positions,
+    # its LM head, and the weight of each token's KL to it (hinted samples' reply tokens x weight).
+    teacher: torch.Tensor | None = None
+    teacher_head: torch.Tensor | None = None
+    distill: torch.Tensor | None = None
 
 
 def rl_advantages(samples: list[TrainSample], config: TrainerConfig, baseline: float) -> tuple[torch.Tensor, float]:
@@ -85,7 +92,8 @@ def prepare(policy: Policy, samples: list[TrainSample], config: TrainerConfig, r
     has_rl = raw != 0
     has_hint = torch.tensor([bool(s.hint) for s in samples])
     opd = torch.zeros(len(steps), k)
-    if config.method != "rl" and has_hint.any():
+    full = config.method != "rl" and has_hint.any() and config.opd_estimator == "full"
+    if config.method != "rl" and has_hint.any() and not full:
         opd = _opd(policy, samples, rows, behaviour, config)
     if config.method == "rl":
         advantage, usable = rl[:, None].expand(-1, k), has_rl
@@ -101,8 +109,33 @@ def prepare(policy: Policy, samples: list[TrainSample], config: TrainerConfig, r
     stats = {"samples": float(len(samples)), "usable": float(usable.sum()), "tokens": float(mask.sum()),
              "reply_tokens": float(rows.mask.sum()), **advantage_signs(advantage * mask, rows.mask)}
     device = policy.device
-    return Prepared(rows.to(device), behaviour.to(device), advantage.to(device), mask.to(device),
-                    (mask * has_logprobs[:, None].float()).to(device), stats)
+    out = Prepared(rows.to(device), behaviour.to(device), advantage.to(device), mask.to(device),
+                   (mask * has_logprobs[:, None].float()).to(device), stats)
+    if full:
+        out.teacher, out.teacher_head = _teacher_hidden(policy, samples, rows, config)
+        out.distill = (mask * (has_hint * weight)[:, None]).to(device)
+    return out
+
+
+@contextmanager
+def _teacher(policy: Policy, config: TrainerConfig) -> Iterator[None]:
+    """The policy's weights as `config.teacher` says: the base, the moving average, or itself."""
+    if config.teacher == "base":
+        with policy.adapter_off():
+            yield
+    elif config.teacher == "ema":
+        with policy.ema_weights():
+            yield
+    else:
+        yield
+
+
+def _teacher_rows(policy: Policy, samples: list[TrainSample], index: list[int]) -> Rows:
+    """The hinted samples' replies after their hint-augmented contexts, right-aligned like `pack`."""
+    prompts = [policy.render(with_hint(samples[i].step.messages, samples[i].hint or ""), samples[i].step.tools)
+               for i in index]
+    return pack(prompts, [samples[i].step.token_ids for i in index], [samples[i].step.temperature for i in index],
+                policy.pad_id)
 
 
 @torch.no_grad()
@@ -110,18 +143,8 @@ def _opd(policy: Policy, samples: list[TrainSample], rows: Rows, behaviour: torc
          config: TrainerConfig) -> torch.Tensor:
     """Teacher logprobs of the same reply tokens with the hint in the context, minus behaviour."""
     index = [i for i, s in enumerate(samples) if s.hint]
-    prompts = [policy.render(with_hint(samples[i].step.messages, samples[i].hint or ""), samples[i].step.tools)
-               for i in index]
-    replies = [samples[i].step.token_ids for i in index]
-    teacher_rows = pack(prompts, replies, [samples[i].step.temperature for i in index], policy.pad_id)
-    if config.teacher == "base":
-        with policy.adapter_off():
-            teacher = policy.logprobs(teacher_rows)
-    elif config.teacher == "ema":
-        with policy.ema_weights():
-            teacher = policy.logprobs(teacher_rows)
-    else:
-        teacher = policy.logprobs(teacher_rows)
+    with _teacher(policy, config):
+        teacher = policy.logprobs(_teacher_rows(policy, samples, index))
     k = rows.targets.shape[1]
     out = torch.zeros(len(samples), k)
     # Both batches are right-aligned on the same reply tokens: copy the last columns across.
@@ -131,3 +154,21 @@ def _opd(policy: Policy, samples: list[TrainSample], rows: Rows, behaviour: torc
         if n:
             out[i, k - n:] = opd_advantage(teacher[j, kt - n:], behaviour[i, k - n:], config.opd_clip)
     return out
+
+
+@torch.no_grad()
+def _teacher_hidden(policy: Policy, samples: list[TrainSample], rows: Rows,
+                    config: TrainerConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The teacher's hidden states [B, K, H] at the reply positions of `rows` (zeros for samples
+    without a hint), and its LM head: with them the loss measures KL(policy || teacher) over the
+    whole vocabulary at every reply position (`opd_estimator = "full"`)."""
+    index = [i for i, s in enumerate(samples) if s.hint]
+    with _teacher(policy, config):
+        hidden, head = policy.hidden(_teacher_rows(policy, samples, index)), policy.head.detach()
+    k, kt = rows.targets.shape[1], hidden.shape[1]
+    out = hidden.new_zeros((len(samples), k, hidden.shape[-1]))
+    for j, i in enumerate(index):
+        n = len(samples[i].step.token_ids)
+        if n:
+            out[i, k - n:] = hidden[j, kt - n:]
+    return out, head

@@ -3,9 +3,10 @@ vocabulary] tensor outlives a chunk of positions.
 
 The model gives hidden states [n, H] at the reply positions; the LM head turns each into logits
 over the vocabulary (49k rows for SmolLM2, 152k for Qwen). What the trainer needs from those
-logits is three numbers per position: the sampled token's logprob, the entropy, and the KL to
-the base model (whose hidden states come from the same weights with the adapter off). `head_stats`
-computes the three in chunks of positions in the forward pass and keeps only its inputs; the
+logits is a few numbers per position: the sampled token's logprob, the entropy, the KL to the base
+model (whose hidden states come from the same weights with the adapter off) and, for full-vocabulary
+OPD, the KL to the hint-informed teacher (hidden states of the same reply with the hint in the
+context). `head_stats` computes them in chunks of positions in the forward pass and keeps only its inputs; the
 backward pass recomputes each chunk's logits and returns the gradient for the hidden states (and
 the head, when it trains). Peak memory is a few [chunk x V] float32 tensors whatever the batch.
 
@@ -32,17 +33,23 @@ def chunks(rows: int, vocab: int) -> list[slice]:
 
 def head_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, inv_temperature: torch.Tensor,
                reference: torch.Tensor | None = None, reference_weight: torch.Tensor | None = None,
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(logprob of `targets`, entropy, KL(policy || reference)) at each of n positions, in float32.
+               teacher: torch.Tensor | None = None, teacher_weight: torch.Tensor | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logprob of `targets`, entropy, KL(policy || reference), KL(policy || teacher)) at each of n
+    positions, in float32.
 
     `hidden` [n, H] and `weight` [V, H] (the LM head) give the logits, divided by the sampling
-    temperature (`inv_temperature` [n] = 1 / T). `reference` [n, H]: the base model's hidden states
-    at the same positions (no gradient), under `reference_weight` (default: `weight`); without it
-    the KL is zeros. Differentiable in `hidden` and `weight`."""
+    temperature (`inv_temperature` [n] = 1 / T). `reference` and `teacher` [n, H]: other models'
+    hidden states at the same positions (no gradient: the base model, the hinted teacher), under
+    their own heads (default: `weight`); either absent gives zeros for its KL. Differentiable in
+    `hidden` and `weight`."""
     empty = hidden.new_zeros((0, hidden.shape[-1]))
-    ref = empty if reference is None else reference.detach()
-    ref_weight = weight.detach() if reference_weight is None else reference_weight.detach()
-    return _HeadStats.apply(hidden, weight, targets, inv_temperature.float(), ref, ref_weight)
+
+    def other(h: torch.Tensor | None, w: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        return (empty if h is None else h.detach()), (weight.detach() if w is None else w.detach())
+
+    return _HeadStats.apply(hidden, weight, targets, inv_temperature.float(), *other(reference, reference_weight),
+                            *other(teacher, teacher_weight))
 
 
 @torch.no_grad()
@@ -64,25 +71,35 @@ def _chunk(hidden: torch.Tensor, weight: torch.Tensor, inv_t: torch.Tensor) -> t
 class _HeadStats(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, inv_t: torch.Tensor,
-                reference: torch.Tensor, ref_weight: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        n, with_ref = hidden.shape[0], reference.shape[0] > 0
-        logp_t, entropy, kl = (torch.zeros(n, dtype=torch.float32, device=hidden.device) for _ in range(3))
+                reference: torch.Tensor, ref_weight: torch.Tensor, teacher: torch.Tensor,
+                teacher_weight: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        n = hidden.shape[0]
+        others = ((reference, ref_weight), (teacher, teacher_weight))
+        logp_t, entropy, kl_ref, kl_teacher = (torch.zeros(n, dtype=torch.float32, device=hidden.device)
+                                               for _ in range(4))
         for s in chunks(n, weight.shape[0]):
             logp = _chunk(hidden[s], weight, inv_t[s])
             p = logp.exp()
             logp_t[s] = logp.gather(-1, targets[s, None]).squeeze(-1)
             entropy[s] = -(p * logp).sum(-1)
-            if with_ref:
-                kl[s] = (p * (logp - _chunk(reference[s], ref_weight, inv_t[s]))).sum(-1)
-        ctx.save_for_backward(hidden, weight, targets, inv_t, reference, ref_weight, entropy, kl)
+            for (h, w), kl in zip(others, (kl_ref, kl_teacher)):
+                if h.shape[0]:
+                    kl[s] = (p * (logp - _chunk(h[s], w, inv_t[s]))).sum(-1)
+        ctx.save_for_backward(hidden, weight, targets, inv_t, reference, ref_weight, teacher, teacher_weight,
+                              entropy, kl_ref, kl_teacher)
         ctx.set_materialize_grads(False)  # an output the loss does not use gets None: its term is skipped
-        return logp_t, entropy, kl
+        return logp_t, entropy, kl_ref, kl_teacher
 
     @staticmethod
-    def backward(ctx: Any, g_logp: torch.Tensor, g_entropy: torch.Tensor, g_kl: torch.Tensor) -> tuple[Any, ...]:
-        hidden, weight, targets, inv_t, reference, ref_weight, entropy, kl = ctx.saved_tensors
+    def backward(ctx: Any, g_logp: torch.Tensor, g_entropy: torch.Tensor, g_ref: torch.Tensor,
+                 g_teacher: torch.Tensor) -> tuple[Any, ...]:
+        (hidden, weight, targets, inv_t, reference, ref_weight, teacher, teacher_weight,
+         entropy, kl_ref, kl_teacher) = ctx.saved_tensors
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        with_kl = reference.shape[0] > 0 and g_kl is not None  # else no reference logits to recompute
+        # A KL term counts when the loss used it and its other model's logits can be recomputed.
+        kls = [(h, w, kl, g) for h, w, kl, g in ((reference, ref_weight, kl_ref, g_ref),
+                                                 (teacher, teacher_weight, kl_teacher, g_teacher))
+               if g is not None and h.shape[0]]
         grad_h = torch.zeros_like(hidden) if want_h else None
         grad_w = torch.zeros_like(weight, dtype=torch.float32) if want_w else None
         for s in chunks(hidden.shape[0], weight.shape[0]):
@@ -94,11 +111,11 @@ class _HeadStats(torch.autograd.Function):
                 dz.scatter_add_(-1, targets[s, None], g_logp[s, None])
             if g_entropy is not None:
                 dz -= p * (logp + entropy[s, None]) * g_entropy[s, None]
-            if with_kl:
-                dz += p * (logp - _chunk(reference[s], ref_weight, inv_t[s]) - kl[s, None]) * g_kl[s, None]
+            for h, w, kl, g in kls:
+                dz += p * (logp - _chunk(h[s], w, inv_t[s]) - kl[s, None]) * g[s, None]
             dz *= inv_t[s, None]
             if grad_h is not None:
                 grad_h[s] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
             if grad_w is not None:
                 grad_w += dz.T @ hidden[s].float()
-        return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None, None
+        return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), *([None] * 6)

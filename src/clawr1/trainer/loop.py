@@ -61,6 +61,10 @@ class Trainer:
         # The guard decides each LoRA version; the trainer waits for it and undoes a rejected one.
         self.guarded = config.guard.enabled and self.tc.finetune == "lora"
         self.promoted = 0  # the incumbent: the newest promoted version (0 = the base model)
+        # The version whose weights the trainer holds: the newest published, or after a rejection
+        # or a rollback the one it went back to. Staleness counts from here: after a run of rejected
+        # candidates the served incumbent's samples are on-policy, not `version - promoted` behind.
+        self.weights_of = 0
         self.rollbacks: list[str] = []  # the admin rollbacks already applied (ids)
         self.history = (history.MetricsLog(self.root, self.tc.wandb_project, public_dump(config), tenant)
                         if self.ranks.lead else None)
@@ -77,6 +81,7 @@ class Trainer:
             self.step_count, self.version = state["step"], state["version"]
             self.promoted, self.rollbacks = state.get("promoted", self.version), state.get("rollbacks", [])
             self.reward_baseline = state.get("reward_baseline", 0.0)
+            self.weights_of = state.get("weights_of", self.version)
             for lease_id in state.get("lease_ids", [state["lease_id"]] if state.get("lease_id") else []):
                 if self.ranks.lead:
                     self.pool.ack(lease_id)  # trained and checkpointed: never train it again
@@ -128,6 +133,7 @@ class Trainer:
                      int(metrics["samples"]), self.skipped)
             return None
         self.version += 1
+        self.weights_of = self.version
         if lead:
             t = time.perf_counter()
             self.publish(self.policy.model, self.adapter_root, self.adapter, self.version)
@@ -154,7 +160,7 @@ class Trainer:
         if not wanted:
             return None
         self.policy.activate(self.adapter)
-        lease = self.pool.lease(wanted, current_version=self.version, tenant=self.tenant)
+        lease = self.pool.lease(wanted, current_version=self.weights_of, tenant=self.tenant)
         return self.load(lease)
 
     # ---- the guard's verdicts ------------------------------------------------------------------
@@ -164,7 +170,7 @@ class Trainer:
         checkpoint.save(checkpoint.path_of(self.root, self.tenant), self.policy, self.optimizer,
                         {"step": self.step_count, "version": self.version, "lease_ids": list(lease_ids),
                          "promoted": self.promoted, "rollbacks": self.rollbacks,
-                         "reward_baseline": self.reward_baseline})
+                         "reward_baseline": self.reward_baseline, "weights_of": self.weights_of})
 
     def keep_promoted(self) -> None:
         """The current state is the incumbent's: what a rejected version rolls back to."""
@@ -191,6 +197,7 @@ class Trainer:
             self.save()
         elif status == "rejected":
             self.restore_promoted()
+            self.weights_of = self.promoted
             self.save()
             log.warning("v%d rejected by the guard (%s); training on from v%d", self.version, verdict["reason"],
                         self.promoted)
@@ -215,7 +222,7 @@ class Trainer:
             guarded.load_published(self.policy, adapters.version_dir(self.adapter_root, self.adapter, to), self.adapter)
             self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=self.tc.lr,
                                                weight_decay=self.tc.weight_decay)
-        self.promoted = to
+        self.promoted = self.weights_of = to
         self.rollbacks.append(request["id"])
         self.keep_promoted()
         self.save()
@@ -285,7 +292,7 @@ class Trainer:
         acc.train_s += time.perf_counter() - t
         return {"step": self.step_count, **acc.metrics(), "grad_norm": grad_norm, "lr": lr,
                 "reward_baseline": self.reward_baseline,
-                "staleness": sum(self.version - s.step.policy_version for s in acc.samples) / len(acc.samples)}
+                "staleness": sum(self.weights_of - s.step.policy_version for s in acc.samples) / len(acc.samples)}
 
     def loss(self, m: Prepared) -> tuple[torch.Tensor, dict[str, float]]:
         """A micro-batch's objective (token means over `m.mask`) and its drift metrics, measured on
@@ -294,15 +301,21 @@ class Trainer:
         the head (`Policy.stats`) gives the logprobs, entropies and KLs, in chunks of positions.
 
         Metrics: `entropy` and `kl_base` (KL(policy || base)), both per token over the whole
-        vocabulary; `kl_sampler`, KL(sampler || learner) on the sampled tokens (the logprobs the
+        vocabulary; `kl_teacher` (`opd_estimator = "full"`), KL(policy || hinted teacher) on the
+        hinted samples' tokens; `kl_sampler`, KL(sampler || learner) on the sampled tokens (the logprobs the
         engine stored against the learner's: more than ~0 on fresh samples means off-policy data or
         a mismatch between the engine's maths and the trainer's); `kl`, the penalty's KL (0 when off)."""
-        logp, entropies, kls = self.policy.stats(m.rows, m.mask, reference=self.policy.has_base)
+        logp, entropies, kls, kl_teacher = self.policy.stats(m.rows, m.mask, reference=self.policy.has_base,
+                                                             teacher=m.teacher, teacher_head=m.teacher_head)
         loss, stats = ppo_loss(logp, m.behaviour, m.advantage, m.mask, self.tc.eps_low, self.tc.eps_high)
+        if m.distill is not None:  # `opd_estimator = "full"`: OPD as the KL to the hinted teacher itself
+            weight = self.tc.w_opd if self.tc.method == "combine" else 1.0
+            loss = loss + weight * (kl_teacher * m.distill).sum() / m.mask.sum().clamp(min=1)
         entropy = masked_mean(entropies, m.mask)
         if self.tc.entropy_coef > 0:
             loss = loss + self.tc.entropy_coef * entropy_band(entropy, self.tc.entropy_min, self.tc.entropy_max)
         metrics = {"ratio": float(stats["ratio"]), "clip_frac": float(stats["clip_frac"]),
+                   **({"kl_teacher": float(masked_mean(kl_teacher.detach(), m.distill))} if m.distill is not None else {}),
                    "adv_mean": float(masked_mean(m.advantage, m.mask)), "entropy": entropy.item(),
                    "kl_sampler": float(kl_to_reference(m.behaviour, logp.detach(), m.sampled))}
         kl = torch.zeros((), device=logp.device)

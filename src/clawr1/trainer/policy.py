@@ -170,10 +170,13 @@ class Policy:
     def head(self) -> torch.Tensor:
         return self.causal_lm.get_output_embeddings().weight
 
-    def stats(self, rows: Rows, mask: torch.Tensor, reference: bool) -> tuple[torch.Tensor, ...]:
-        """[B, K] float32 (logprob of the reply token, entropy, KL(policy || base)) at the positions
-        of `mask`, zeros elsewhere; differentiable in the trainable weights. `reference` False: no
-        base forward, and the KL is zeros. Each over the whole vocabulary, chunked (`head.py`)."""
+    def stats(self, rows: Rows, mask: torch.Tensor, reference: bool, teacher: torch.Tensor | None = None,
+              teacher_head: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """[B, K] float32 (logprob of the reply token, entropy, KL(policy || base), KL(policy ||
+        teacher)) at the positions of `mask`, zeros elsewhere; differentiable in the trainable
+        weights. `reference` False: no base forward, and that KL is zeros. `teacher` [B, K, H]: the
+        teacher's hidden states at the same reply positions (`teacher_hidden`) under `teacher_head`;
+        without it that KL is zeros. Each over the whole vocabulary, chunked (`head.py`)."""
         where = mask.to(self.device) > 0
         hidden = self.hidden(rows)[where]
         ref = ref_head = None
@@ -182,7 +185,8 @@ class Policy:
                 ref, ref_head = self.hidden(rows)[where], self.head
         rows = rows.to(self.device)
         inv_t = (1.0 / rows.temperature)[:, None].expand(where.shape)[where]
-        outs = head_stats(hidden, self.head, rows.targets[where], inv_t, ref, ref_head)
+        outs = head_stats(hidden, self.head, rows.targets[where], inv_t, ref, ref_head,
+                          None if teacher is None else teacher[where], teacher_head)
         return tuple(torch.zeros(where.shape, device=self.device).masked_scatter(where, o) for o in outs)
 
     @torch.no_grad()
