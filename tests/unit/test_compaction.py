@@ -40,7 +40,7 @@ def converse(matcher: HistoryMatcher | None, turns: int, every: int, keep: int) 
 class _PrefixOnly(HistoryMatcher):
     """The matcher without compaction detection: the behaviour before it."""
 
-    def _compacted(self, tenant, fps):
+    def _compacted(self, tenant, messages, fps):
         return None
 
 
@@ -66,8 +66,28 @@ def test_only_the_sessions_own_latest_reply_after_its_last_message_and_system_pr
                                     {"role": "assistant", "content": "A"}, {"role": "user", "content": "c"}]) is None
     assert matcher.find("default", [SYSTEM, {"role": "user", "content": "x"}, {"role": "assistant", "content": "B"},
                                     {"role": "user", "content": "c"}]) is None
+    # The reply must be the request's last assistant message (the one the new message answers).
+    assert matcher.find("default", [*compacted, {"role": "assistant", "content": "C"},
+                                    {"role": "user", "content": "d"}]) is None
     matcher.forget("s")
     assert matcher.find("default", compacted) is None
+
+
+def test_a_reply_two_sessions_share_matches_neither():
+    """"ok" after "Done." in two open sessions of one agent: a compacted request holding that pair
+    cannot say which it continues, so it starts a new session rather than joining the wrong one."""
+    matcher = HistoryMatcher()
+    for session in ("s1", "s2"):
+        matcher.record("default", session, [SYSTEM, {"role": "user", "content": f"task {session}"},
+                                             {"role": "assistant", "content": "working"},
+                                             {"role": "user", "content": "Done."}], {"role": "assistant", "content": "ok"})
+    request = [SYSTEM, {"role": "user", "content": SUMMARY}, {"role": "user", "content": "Done."},
+               {"role": "assistant", "content": "ok"}, {"role": "user", "content": "next"}]
+    assert matcher.find("default", request) is None
+    matcher.forget("s2")  # once only one session holds it, it is that one's
+    assert matcher.find("default", request).session_id == "s1"
+    matcher.forget("s1")
+    assert not matcher._tails and not matcher._tail_keys  # nothing left behind
 
 
 def test_a_compacted_request_continues_the_session_over_http_and_pairs_the_last_turn(engine, tmp_path):

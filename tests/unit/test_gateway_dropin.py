@@ -31,6 +31,12 @@ def test_claw_r1_base_url_without_v1_names_the_session_and_prompt(engine, tmp_pa
         assert {(s.session_id, s.prompt_id) for s in steps} == {("traj-7", "prompt-3")}
         assert reply.id + "-0" in {s.step_id for s in steps}
         assert [s.turn_index for s in sorted(steps, key=lambda s: s.turn_index)] == [0, 1, 2]
+        # A /v1 URL under a prefix is not a pair of ids: 404, nothing recorded.
+        for path in ("/api/v1/chat/completions", "/x/v1/completions", "/v1/chat/completions/x"):
+            response = httpx.post(base + path, json={**ASK, "messages": [{"role": "user", "content": "hi"}],
+                                                     "prompt": "hi"})
+            assert response.status_code in (404, 405), (path, response.text)
+        assert pool.stats()["steps"] == 3
 
 
 def test_openclaw_rl_session_fields_in_the_body(engine, tmp_path):
@@ -121,5 +127,8 @@ def test_tls_settings_come_in_pairs_of_existing_files(tmp_path, certificate):
     cert, _ = certificate
     with pytest.raises(ValueError, match="go together"):
         load_config(None, [f'gateway.tls_cert="{cert}"'])
-    with pytest.raises(ValueError, match="does not exist"):
-        load_config(None, [f'gateway.tls_cert="{cert}"', f'gateway.tls_key="{tmp_path / "missing.pem"}"'])
+    from clawr1.gateway.server import UnsafeBindError, check_exposure
+
+    missing = load_config(None, [f'gateway.tls_cert="{cert}"', f'gateway.tls_key="{tmp_path / "missing.pem"}"'])
+    with pytest.raises(UnsafeBindError, match="does not exist"):  # where the gateway starts, not on load
+        check_exposure(missing)

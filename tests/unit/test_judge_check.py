@@ -28,10 +28,13 @@ def test_the_judges_verdicts_are_scored_against_the_users_labels(tmp_path):
                 "Perfect, thanks. One more thing: what about tea?"]  # turn 2 -> thanks
         for i, text in enumerate(said):
             pool.append_step(turn("s", i, text))
-        for i, score in enumerate((1.0, -1.0, -1.0)):  # the judge got turn 2 wrong
-            pool.add_reward(Reward(step_id=f"s-{i}", score=score, source="classifier"))
+        for i, (score, source) in enumerate(((1.0, "classifier"), (-1.0, "classifier"), (-1.0, "judge"))):
+            pool.add_reward(Reward(step_id=f"s-{i}", score=score, source=source))  # the LLM judge got turn 2 wrong
         pool.add_reward(Reward(step_id="s-1", score=1.0, source="feedback"))  # not a judge: ignored
-        wait_for(lambda: pool.stats()["rewards"] == 4, what="the rewards")
+        pool.append_step(turn("t", 0, "How do I boil an egg?"))
+        pool.append_step(turn("t", 1, "Great, thank you."))
+        pool.add_reward(Reward(step_id="t-0", score=-1.0, source="rule"))  # a rule's verdict: not the judge's
+        wait_for(lambda: pool.stats()["rewards"] == 5, what="the rewards")
         counts = confusion(pool)
     assert counts == {(1, 1.0): 1, (-1, -1.0): 1, (1, -1.0): 1}
     result = summary(counts)

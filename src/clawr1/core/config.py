@@ -194,11 +194,10 @@ class GatewayConfig(_Section):
 
     @model_validator(mode="after")
     def _tls_pair(self) -> GatewayConfig:
+        # (Whether the files exist is checked where the gateway starts, `check_exposure`: a trainer
+        # or `clawr1 config` on another host loads the same file without them.)
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("gateway.tls_cert and gateway.tls_key go together: set both, or neither")
-        for path in (self.tls_cert, self.tls_key):
-            if path is not None and not Path(path).is_file():
-                raise ValueError(f"gateway TLS file {path} does not exist")
         return self
 
 

@@ -19,7 +19,8 @@ from clawr1.core.messages import text_of
 from clawr1.datapool import DataPool, SQLitePool
 from clawr1.demo.users import THANKS
 
-JUDGES = ("classifier", "llm")  # reward sources that are judge verdicts (not rules, feedback or outcomes)
+JUDGES = ("classifier", "judge")  # reward sources of judge verdicts (the LLM judge's is "judge"; not rules,
+# feedback or outcomes)
 
 
 def user_label(next_state: list[dict[str, Any]]) -> int | None:

@@ -136,7 +136,7 @@ def run_agent(config: Config, command: list[str], tasks: list[Task], *, group: i
                 wait_judged(served, [r.session_id for r in rollouts], judge_timeout_s)
         return results
     host = config.gateway.host if config.gateway.host not in ("0.0.0.0", "::") else "127.0.0.1"
-    root = gateway_root(base_url or f"http://{host}:{config.gateway.port}")
+    root = gateway_root(base_url or f"{config.gateway.scheme}://{host}:{config.gateway.port}")
     check_gateway(root)
     return drive(root, api_key or (config.gateway.api_keys[0] if config.gateway.api_keys else None))
 

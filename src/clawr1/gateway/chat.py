@@ -84,9 +84,13 @@ async def chat(request: Request) -> Any:
     return await handle(request, CHAT, None)
 
 
-# Without /v1 too: Claw-R1 documents base_url = http://gateway:8000/{traj_uid}/{prompt_uid}, to
-# which the OpenAI client appends /chat/completions.
 @router.post("/{session_id}/{prompt_id}/v1/chat/completions", openapi_extra=schema.request_body(schema.ChatRequest))
-@router.post("/{session_id}/{prompt_id}/chat/completions", openapi_extra=schema.request_body(schema.ChatRequest))
 async def chat_with_ids(session_id: str, prompt_id: str, request: Request) -> Any:
     return await handle(request, CHAT, (session_id, prompt_id))
+
+
+# Without /v1 too: Claw-R1 documents base_url = http://gateway:8000/{traj_uid}/{prompt_uid}, to
+# which the OpenAI client appends /chat/completions.
+@router.post("/{session_id}/{prompt_id}/chat/completions", openapi_extra=schema.request_body(schema.ChatRequest))
+async def chat_with_ids_bare(session_id: str, prompt_id: str, request: Request) -> Any:
+    return await handle(request, CHAT, (session_id, prompt_id), bare=True)

@@ -81,6 +81,10 @@ async def completions(request: Request) -> Any:
 
 
 @router.post("/{session_id}/{prompt_id}/v1/completions", openapi_extra=schema.request_body(schema.CompletionRequest))
-@router.post("/{session_id}/{prompt_id}/completions", openapi_extra=schema.request_body(schema.CompletionRequest))
 async def completions_with_ids(session_id: str, prompt_id: str, request: Request) -> Any:
     return await handle(request, COMPLETIONS, (session_id, prompt_id))
+
+
+@router.post("/{session_id}/{prompt_id}/completions", openapi_extra=schema.request_body(schema.CompletionRequest))
+async def completions_with_ids_bare(session_id: str, prompt_id: str, request: Request) -> Any:
+    return await handle(request, COMPLETIONS, (session_id, prompt_id), bare=True)

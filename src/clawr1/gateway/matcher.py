@@ -8,9 +8,9 @@ S's last assistant reply. Real clients are messy (see shared/OPENCLAW.md), so:
 - content compares as text (string or parts), trimmed;
 - a long conversation gets compacted: the client replaces the older turns by a summary and keeps
   the system prompt and the recent turns. Such a request no longer starts with S's transcript, but
-  it still holds S's last reply right after the message S's last request ended with, and starts
-  with S's system prompt: that continues S too (`Match.compacted`), so S's last turn still gets
-  its next state.
+  its last assistant message is still S's last reply, right after the message S's last request
+  ended with, and it starts with S's system prompt: that continues S too (`Match.compacted`), so
+  S's last turn still gets its next state (a reply two sessions share matches neither).
 Prefixes are indexed by a rolling hash and last replies by their fingerprint, so a lookup costs
 one or two dict probes per message of the request, whatever the number of open sessions. Tenants
 never match across.
@@ -56,9 +56,10 @@ class HistoryMatcher:
     def __init__(self) -> None:
         self._index: dict[tuple[str, str], tuple[str, int]] = {}  # (tenant, prefix hash) -> (session, len)
         self._keys: dict[str, list[tuple[str, str]]] = {}  # session -> its index keys
-        # (tenant, last reply's fingerprint) -> (session, its system prompt's fingerprint or None,
-        # the fingerprints the message before that reply may have)
-        self._tails: dict[tuple[str, str], tuple[str, str | None, frozenset[str]]] = {}
+        # (tenant, last reply's fingerprint) -> {session: (its system prompt's fingerprint or None,
+        # the fingerprints the message before that reply may have)}; two sessions under one key
+        # (the same short reply to the same message) are ambiguous and match neither.
+        self._tails: dict[tuple[str, str], dict[str, tuple[str | None, frozenset[str]]]] = {}
         self._tail_keys: dict[str, tuple[str, str]] = {}
 
     def find(self, tenant: str, messages: list[dict[str, Any]]) -> Match | None:
@@ -69,16 +70,19 @@ class HistoryMatcher:
             hit = self._index.get((tenant, hashes[i]))
             if hit is not None:
                 return Match(hit[0], i + 1)
-        return self._compacted(tenant, fps)
+        return self._compacted(tenant, messages, fps)
 
-    def _compacted(self, tenant: str, fps: list[str]) -> Match | None:
-        """The session a compacted request continues: it holds the session's last reply right after
-        the message the session's last request ended with, and starts with the same system prompt.
-        Searched from the end, so the latest reply wins."""
-        for j in range(len(fps) - 1, 0, -1):
-            hit = self._tails.get((tenant, fps[j]))
-            if hit is not None and fps[j - 1] in hit[2] and (hit[1] is None or fps[0] == hit[1]):
-                return Match(hit[0], j + 1, compacted=True)
+    def _compacted(self, tenant: str, messages: list[dict[str, Any]], fps: list[str]) -> Match | None:
+        """The session a compacted request continues: the request's last assistant message is the
+        session's last reply (what the user's new message answers), right after the message the
+        session's last request ended with, and the request starts with the same system prompt."""
+        j = next((i for i in range(len(messages) - 1, 0, -1) if messages[i].get("role") == "assistant"), None)
+        owners = self._tails.get((tenant, fps[j])) if j is not None else None
+        if not owners or len(owners) != 1:
+            return None
+        [(session_id, (system, before))] = owners.items()
+        if fps[j - 1] in before and (system is None or fps[0] == system):
+            return Match(session_id, j + 1, compacted=True)
         return None
 
     def record(self, tenant: str, session_id: str, messages: list[dict[str, Any]], reply: dict[str, Any]) -> None:
@@ -94,7 +98,7 @@ class HistoryMatcher:
             self._index[(tenant, full[-1])] = (session_id, len(full))
         self._keys[session_id] = keys
         system = fps[0] if messages and messages[0].get("role") in ("system", "developer") else None
-        self._tails[(tenant, reply_fp)] = (session_id, system, frozenset(fps[-2:]))
+        self._tails.setdefault((tenant, reply_fp), {})[session_id] = (system, frozenset(fps[-2:]))
         self._tail_keys[session_id] = (tenant, reply_fp)
 
     def forget(self, session_id: str) -> None:
@@ -102,8 +106,11 @@ class HistoryMatcher:
             if self._index.get(key, (None,))[0] == session_id:
                 del self._index[key]
         tail = self._tail_keys.pop(session_id, None)
-        if tail is not None and self._tails.get(tail, (None,))[0] == session_id:
-            del self._tails[tail]
+        owners = self._tails.get(tail) if tail is not None else None
+        if owners is not None:
+            owners.pop(session_id, None)
+            if not owners:
+                del self._tails[tail]
 
     def __len__(self) -> int:
         return len(self._keys)

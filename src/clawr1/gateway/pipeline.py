@@ -99,10 +99,14 @@ class Wire(ABC):
         return JSONResponse(self.error_body(exc), status_code=exc.status)
 
 
-async def handle(request: Request, wire: Wire, path_ids: tuple[str, str] | None) -> Response:
-    """The route handler every generation route calls: validation here, the rest in `Exchange`."""
+async def handle(request: Request, wire: Wire, path_ids: tuple[str, str] | None, bare: bool = False) -> Response:
+    """The route handler every generation route calls: validation here, the rest in `Exchange`.
+    `bare`: a route with path ids and no /v1 (`/{session}/{prompt}/chat/completions`), which would
+    also catch a /v1 URL under a prefix (`/api/v1/chat/completions`); an id "v1" is such a URL: 404."""
     gw: Gateway = request.app.state.gateway
     try:
+        if bare and path_ids is not None and "v1" in path_ids:
+            raise APIError(404, f"no route {request.url.path}", code="unknown_route")
         if path_ids is not None:
             for name, value in zip(("session_id", "prompt_id"), path_ids):
                 schema.check_id(value, name)

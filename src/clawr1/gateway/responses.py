@@ -117,6 +117,10 @@ async def responses(request: Request) -> Any:
 
 
 @router.post("/{session_id}/{prompt_id}/v1/responses", openapi_extra=schema.request_body(wire.ResponsesRequest))
-@router.post("/{session_id}/{prompt_id}/responses", openapi_extra=schema.request_body(wire.ResponsesRequest))
 async def responses_with_ids(session_id: str, prompt_id: str, request: Request) -> Any:
     return await handle(request, RESPONSES, (session_id, prompt_id))
+
+
+@router.post("/{session_id}/{prompt_id}/responses", openapi_extra=schema.request_body(wire.ResponsesRequest))
+async def responses_with_ids_bare(session_id: str, prompt_id: str, request: Request) -> Any:
+    return await handle(request, RESPONSES, (session_id, prompt_id), bare=True)

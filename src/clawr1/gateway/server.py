@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 
 
 class UnsafeBindError(ValueError):
-    """Binding a non-loopback address without API keys would expose an open model server."""
+    """The gateway cannot start safely as configured: a non-loopback address without API keys (an
+    open model server), or TLS files that are not there."""
 
 
 def is_loopback(host: str) -> bool:
@@ -34,8 +35,12 @@ def is_loopback(host: str) -> bool:
 
 
 def check_exposure(config: Config) -> str:
-    """Refuse to expose an unauthenticated gateway; say how it is protected."""
+    """Refuse to expose an unauthenticated gateway, or to start with TLS files that are not there;
+    say how it is protected."""
     gw = config.gateway
+    for path in (gw.tls_cert, gw.tls_key):
+        if path is not None and not path.is_file():
+            raise UnsafeBindError(f"gateway TLS file {path} does not exist")
     keys = len(gw.api_keys) + sum(len(k) for k in config.tenants.keys.values())
     if not keys:
         if not is_loopback(gw.host):

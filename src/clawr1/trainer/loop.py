@@ -81,7 +81,8 @@ class Trainer:
             self.step_count, self.version = state["step"], state["version"]
             self.promoted, self.rollbacks = state.get("promoted", self.version), state.get("rollbacks", [])
             self.reward_baseline = state.get("reward_baseline", 0.0)
-            self.weights_of = state.get("weights_of", self.version)
+            # (A checkpoint from before `weights_of` holds the incumbent's weights after a rejection.)
+            self.weights_of = state.get("weights_of", self.promoted if self.guarded else self.version)
             for lease_id in state.get("lease_ids", [state["lease_id"]] if state.get("lease_id") else []):
                 if self.ranks.lead:
                     self.pool.ack(lease_id)  # trained and checkpointed: never train it again
@@ -263,6 +264,7 @@ class Trainer:
                 if m.stats["tokens"]:
                     loss, stats = self.loss(m)
                     (loss * m.stats["tokens"]).backward()
+                    acc.count({key: stats.pop(key) for key in ("kl_teacher_sum", "distill_tokens") if key in stats})
                     acc.add(stats, m.stats["tokens"])
                 acc.count(m.stats)
                 acc.prepare_s, acc.train_s = acc.prepare_s + t1 - t0, acc.train_s + time.perf_counter() - t1
@@ -315,7 +317,9 @@ class Trainer:
         if self.tc.entropy_coef > 0:
             loss = loss + self.tc.entropy_coef * entropy_band(entropy, self.tc.entropy_min, self.tc.entropy_max)
         metrics = {"ratio": float(stats["ratio"]), "clip_frac": float(stats["clip_frac"]),
-                   **({"kl_teacher": float(masked_mean(kl_teacher.detach(), m.distill))} if m.distill is not None else {}),
+                   # sums, not a token mean: `train_step` counts them over the hinted tokens only
+                   **({"kl_teacher_sum": float((kl_teacher.detach() * m.distill).sum()),
+                       "distill_tokens": float(m.distill.sum())} if m.distill is not None else {}),
                    "adv_mean": float(masked_mean(m.advantage, m.mask)), "entropy": entropy.item(),
                    "kl_sampler": float(kl_to_reference(m.behaviour, logp.detach(), m.sampled))}
         kl = torch.zeros((), device=logp.device)
@@ -386,6 +390,8 @@ class Accumulated:
         counts, reply = self.counts, max(self.counts.get("reply_tokens", 0.0), 1.0)
         rewarded = [s.reward for s in self.samples if s.reward]
         lease_ids = list(dict.fromkeys(s.lease_id for s in self.samples if s.lease_id))
+        if counts.get("distill_tokens"):  # KL to the hinted teacher, per hinted token
+            means["kl_teacher"] = counts["kl_teacher_sum"] / counts["distill_tokens"]
         return {"loss": 0.0, "ratio": 0.0, "clip_frac": 0.0, "kl": 0.0, "adv_mean": 0.0, **means,
                 "samples": counts.get("samples", 0.0), "usable": counts.get("usable", 0.0), "tokens": self.tokens,
                 "adv_pos_frac": counts.get("adv_pos", 0.0) / reply, "adv_neg_frac": counts.get("adv_neg", 0.0) / reply,
