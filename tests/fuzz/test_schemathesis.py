@@ -23,7 +23,8 @@ from tests.scripted_engine import ScriptedEngine
 from tests.unit.test_gateway_hostile import ADMIN, anthropic_shaped, inflight, openai_shaped
 
 EXAMPLES = 40  # per operation and generation mode: ~1,100 requests, under a minute on 2 cores
-GENERATING = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
+# Generation routes, with /v1 and without (`/{session}/{prompt}/chat/completions`, Claw-R1's base URL).
+GENERATING = ("/chat/completions", "/completions", "/v1/messages", "/responses")
 
 
 def content_type(response: Any) -> str:
