@@ -64,16 +64,21 @@ def _gcs_up(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def up_on_ray(cluster: str, model, data, port: int, *extra: str) -> subprocess.Popen:
+    """`clawr1 up` on the test's Ray cluster with fast swaps and batches of 2; the guard is off
+    (routing and swaps here; the guard: test_guard.py)."""
+    return subprocess.Popen([sys.executable, "-m", "clawr1.cli.main", "up", "--ray-address", cluster, "--model",
+                             str(model), "--data-dir", str(data), "--port", str(port), "--batch-size", "2",
+                             "--set", "trainer.max_wait_s=0", "--set", "gateway.adapter_poll_s=0.2",
+                             "--set", "guard.enabled=false", *extra],
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "CLAWR1_DATA_DIR": ""})
+
+
 def test_two_replicas_route_around_a_killed_one_and_it_comes_back_current(cluster, tiny_model_dir, tmp_path):
     gateway_port = free_port()
     base = f"http://127.0.0.1:{gateway_port}"
     data = tmp_path / "data"
-    up = subprocess.Popen([sys.executable, "-m", "clawr1.cli.main", "up", "--ray-address", cluster, "--model",
-                           str(tiny_model_dir), "--data-dir", str(data), "--port", str(gateway_port),
-                           "--batch-size", "2", "--set", "trainer.max_wait_s=0", "--set", "trainer.lr=0.01",
-                           "--set", "ray.replicas=2", "--set", "gateway.adapter_poll_s=0.2",
-                           "--set", "guard.enabled=false"],  # routing and swaps here; the guard: test_guard.py
-                          stderr=subprocess.PIPE, text=True, env={**os.environ, "CLAWR1_DATA_DIR": ""})
+    up = up_on_ray(cluster, tiny_model_dir, data, gateway_port, "--set", "trainer.lr=0.01", "--set", "ray.replicas=2")
     try:
         wait_for(lambda: up.poll() is not None or healthy(base), timeout=240, what="clawr1 up --ray to serve")
         assert up.poll() is None, up.stderr.read()[-3000:]
@@ -154,12 +159,8 @@ def test_two_trainer_rank_actors_train_as_one_group_and_reform_when_one_dies(clu
     gateway_port = free_port()
     base = f"http://127.0.0.1:{gateway_port}"
     data = tmp_path / "data"
-    up = subprocess.Popen([sys.executable, "-m", "clawr1.cli.main", "up", "--ray-address", cluster, "--model",
-                           str(tiny_model_dir), "--data-dir", str(data), "--port", str(gateway_port),
-                           "--batch-size", "2", "--trainer-procs", "2", "--set", "trainer.max_wait_s=0",
-                           "--set", "ray.replicas=1", "--set", "gateway.adapter_poll_s=0.2",
-                           "--set", "guard.enabled=false", "--set", "pool.lease_seconds=10"],
-                          stderr=subprocess.PIPE, text=True, env={**os.environ, "CLAWR1_DATA_DIR": ""})
+    up = up_on_ray(cluster, tiny_model_dir, data, gateway_port, "--trainer-procs", "2", "--set", "ray.replicas=1",
+                   "--set", "pool.lease_seconds=10")
     metrics = data / "trainer" / "metrics.jsonl"
 
     def correct(i: int) -> None:

@@ -92,8 +92,9 @@ def prepare(policy: Policy, samples: list[TrainSample], config: TrainerConfig, r
     has_rl = raw != 0
     has_hint = torch.tensor([bool(s.hint) for s in samples])
     opd = torch.zeros(len(steps), k)
-    full = config.method != "rl" and has_hint.any() and config.opd_estimator == "full"
-    if config.method != "rl" and has_hint.any() and not full:
+    hinted = config.method != "rl" and bool(has_hint.any())
+    full = hinted and config.opd_estimator == "full"
+    if hinted and not full:
         opd = _opd(policy, samples, rows, behaviour, config)
     if config.method == "rl":
         advantage, usable = rl[:, None].expand(-1, k), has_rl
@@ -138,22 +139,30 @@ def _teacher_rows(policy: Policy, samples: list[TrainSample], index: list[int]) 
                 policy.pad_id)
 
 
-@torch.no_grad()
-def _opd(policy: Policy, samples: list[TrainSample], rows: Rows, behaviour: torch.Tensor,
-         config: TrainerConfig) -> torch.Tensor:
-    """Teacher logprobs of the same reply tokens with the hint in the context, minus behaviour."""
-    index = [i for i, s in enumerate(samples) if s.hint]
-    with _teacher(policy, config):
-        teacher = policy.logprobs(_teacher_rows(policy, samples, index))
-    k = rows.targets.shape[1]
-    out = torch.zeros(len(samples), k)
-    # Both batches are right-aligned on the same reply tokens: copy the last columns across.
-    teacher, kt = teacher.cpu(), teacher.shape[1]
+def _right_aligned(values: torch.Tensor, samples: list[TrainSample], index: list[int], k: int) -> torch.Tensor:
+    """Values of the teacher rows ([len(index), kt, ...]) moved to the rows of `samples` they
+    belong to ([len(samples), k, ...]), zeros elsewhere: both batches are right-aligned on the
+    same reply tokens, so each reply's last columns carry across."""
+    out = values.new_zeros((len(samples), k, *values.shape[2:]))
+    kt = values.shape[1]
     for j, i in enumerate(index):
         n = len(samples[i].step.token_ids)
         if n:
-            out[i, k - n:] = opd_advantage(teacher[j, kt - n:], behaviour[i, k - n:], config.opd_clip)
+            out[i, k - n:] = values[j, kt - n:]
     return out
+
+
+@torch.no_grad()
+def _opd(policy: Policy, samples: list[TrainSample], rows: Rows, behaviour: torch.Tensor,
+         config: TrainerConfig) -> torch.Tensor:
+    """Teacher logprobs of the same reply tokens with the hint in the context, minus behaviour
+    (zero on the tokens of samples without a hint)."""
+    index = [i for i, s in enumerate(samples) if s.hint]
+    with _teacher(policy, config):
+        teacher = policy.logprobs(_teacher_rows(policy, samples, index))
+    hinted = rows.mask * torch.tensor([bool(s.hint) for s in samples])[:, None]
+    teacher = _right_aligned(teacher.cpu(), samples, index, rows.targets.shape[1])
+    return opd_advantage(teacher, behaviour, config.opd_clip) * hinted
 
 
 @torch.no_grad()
@@ -165,10 +174,4 @@ def _teacher_hidden(policy: Policy, samples: list[TrainSample], rows: Rows,
     index = [i for i, s in enumerate(samples) if s.hint]
     with _teacher(policy, config):
         hidden, head = policy.hidden(_teacher_rows(policy, samples, index)), policy.head.detach()
-    k, kt = rows.targets.shape[1], hidden.shape[1]
-    out = hidden.new_zeros((len(samples), k, hidden.shape[-1]))
-    for j, i in enumerate(index):
-        n = len(samples[i].step.token_ids)
-        if n:
-            out[i, k - n:] = hidden[j, kt - n:]
-    return out, head
+    return _right_aligned(hidden, samples, index, rows.targets.shape[1]), head
