@@ -40,6 +40,22 @@ def test_a_shape_trains_a_random_model_of_that_architecture_in_bfloat16(tiny_mod
     assert r["trained_tokens"] == 16 and r["grad_checkpointing"] and r["peak_gb"] > 0
 
 
+def test_ranks_run_beside_one_process_and_full_finetuning_trains_every_weight(tiny_model_dir, tmp_path,
+                                                                              monkeypatch):
+    """`--nproc 2 --finetune full`: each setting once as one process and once as two gloo ranks
+    (FSDP2-sharded layers), both training every weight on the same batch."""
+    monkeypatch.setenv(bench.TRL_ENV, "/nonexistent/python")  # full fine-tuning never runs the (LoRA) TRL side
+    config = load_config(None, [f'data_dir="{tmp_path}"', f'engine.model="{tiny_model_dir}"'])
+    numbers = bench.run(config, Console(file=io.StringIO(), width=200), micro_batches=(2,), samples=2,
+                        reply_tokens=8, threads=2, steps=1, warmup=1, nproc=2, finetune="full")
+    assert list(numbers["runs"]) == ["ours_mb2", "ours_mb2_x2"]
+    one, two = numbers["runs"]["ours_mb2"], numbers["runs"]["ours_mb2_x2"]
+    assert "error" not in one and "error" not in two, (one.get("error"), two.get("error"))
+    assert (one["ranks"], two["ranks"]) == (1, 2) and one["finetune"] == two["finetune"] == "full"
+    assert one["lora_updated"] and two["lora_updated"]  # every (local shard of every) weight moved
+    assert one["trained_tokens"] == two["trained_tokens"] == 16 and two["threads"] == 1
+
+
 def test_goal_needs_speed_and_memory_from_the_same_setting():
     def r(tokens_per_s, peak, tokens_per_cpu_s=None):
         return {"tokens_per_s": tokens_per_s, "tokens_per_cpu_s": tokens_per_cpu_s or tokens_per_s, "peak_gb": peak}

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -111,3 +112,52 @@ def _ranks(pid: int) -> list[int] | None:
         children = [int(c) for c in f.read().split()]
     return children if len(children) == 2 else None
 
+
+
+def test_full_finetuning_shards_layers_over_two_ranks_and_checkpoints_interchange(tiny_model_dir, tmp_path,
+                                                                                  generations):
+    """Full fine-tuning on two gloo ranks (FSDP2): resumed from a one-process checkpoint, the
+    sharded group trains v2 to the weights one process trains, rank 0 holds half the decoder
+    layers, and its checkpoint (gathered) is the one-process checkpoint, optimizer moments too."""
+    full = ('trainer.finetune="full"', "trainer.lr=1e-3")
+    one, two = tmp_path / "one", tmp_path / "two"
+    for data_dir in (one, two):
+        with SQLitePool(data_dir, config_for(tiny_model_dir, data_dir).pool) as pool:
+            fill(pool, generations[:12])
+    with SQLitePool(one, config_for(tiny_model_dir, one).pool) as pool:
+        trainer = Trainer(config_for(tiny_model_dir, one, *SETTINGS, *full), pool)
+        assert [trainer.run_once()["version"] for _ in range(2)] == [1, 2]
+        layer_bytes = sum(p.nbytes for p in trainer.policy.causal_lm.get_decoder().layers.parameters())
+    with SQLitePool(two, config_for(tiny_model_dir, two).pool) as pool:
+        assert Trainer(config_for(tiny_model_dir, two, *SETTINGS, *full), pool).run_once()["version"] == 1
+    proc = subprocess.Popen(train_command(tiny_model_dir, two, 2, *full), stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "CLAWR1_DATA_DIR": ""})
+    try:
+        got = _weights(two, 2)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 0, err[-3000:]
+    want = _weights(one, 2)
+    assert set(got) == set(want)
+    assert any(not torch.equal(want[n], _weights(one, 1)[n]) for n in want)  # v2 moved the weights
+    for name, tensor in want.items():
+        assert torch.allclose(got[name], tensor, atol=1e-5), name
+    rows = {r["version"]: r for r in read_metrics(two)}
+    [single] = [r for r in read_metrics(one) if r["version"] == 2]
+    assert rows[2]["ranks"] == 2
+    assert single["param_bytes"] - rows[2]["param_bytes"] == pytest.approx(layer_bytes / 2, rel=0.02)
+    for name in ("trainable.safetensors",):
+        a, b = (load_file(d / "trainer" / "checkpoint" / name) for d in (one, two))
+        assert set(a) == set(b) and all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+    moments = [torch.load(d / "trainer" / "checkpoint" / "optimizer.pt", weights_only=False)["optimizer"]["state"]
+               for d in (one, two)]
+    assert set(moments[0]) == set(moments[1])
+    for index, state in moments[0].items():
+        assert torch.allclose(state["exp_avg_sq"], moments[1][index]["exp_avg_sq"], atol=1e-7, rtol=1e-4)
+
+
+def _weights(data_dir, version: int) -> dict[str, torch.Tensor]:
+    path = adapters.version_dir(data_dir / "weights", ADAPTER, version)
+    wait_for(lambda: (path / adapters.MARKER).is_file(), timeout=180, what=f"weights v{version} under {data_dir}")
+    return load_file(path / "model.safetensors")

@@ -96,7 +96,7 @@ def run(config: Config, console: Console | None = None, *, micro_batches: tuple[
         samples: int = 8, reply_tokens: int = 256, threads: int = 2, steps: int = 3, warmup: int = 1,
         rounds: int = 1, trl_python: str | None = None, trl_checkpointing: bool = False,
         timeout_s: float = 1800.0, device: str = "cpu", dtype: str = "float32", shape: str | None = None,
-        grad_checkpointing: bool = False) -> dict[str, Any]:
+        grad_checkpointing: bool = False, nproc: int = 1, finetune: str = "lora") -> dict[str, Any]:
     """Run the benchmark, print a table of results and ratios, and return the numbers.
 
     `rounds` > 1 runs every setting that many times, round-robin, and keeps each one's fastest run:
@@ -104,6 +104,12 @@ def run(config: Config, console: Console | None = None, *, micro_batches: tuple[
 
     `trl_checkpointing`: also measure TRL at its default `gradient_checkpointing=True`; the goal is
     checked against TRL without it (ours runs without it unless `grad_checkpointing`).
+
+    `nproc` > 1 also runs each of our settings as that many data-parallel ranks (`ours_mbM_xN`:
+    `torch.distributed`, gloo on the CPU, NCCL on CUDA, `threads // nproc` threads each on the CPU),
+    beside the one-process run of the same setting; their peak is rank 0's. `finetune = "full"`
+    trains every weight (FSDP2-sharded layers over the ranks) and measures ours only: the TRL side
+    is a LoRA step.
     """
     from rich.console import Console
 
@@ -117,22 +123,31 @@ def run(config: Config, console: Console | None = None, *, micro_batches: tuple[
         raise ValueError(f"unknown shape {shape!r}; one of {', '.join(SHAPES)}")
     base = {"model": str(model), "threads": threads, "steps": steps, "warmup": warmup, **batch,
             "device": device, "dtype": dtype, "shape": SHAPES.get(shape or ""), "grad_checkpointing": grad_checkpointing,
+            "finetune": finetune, "nproc": 1,
             "lora": {"r": tc.lora_rank, "alpha": tc.lora_alpha, "targets": list(tc.lora_targets)},
             "lr": tc.lr, "grad_clip": tc.grad_clip, "eps_low": tc.eps_low, "eps_high": tc.eps_high}
     tokens = samples * reply_tokens
     out: dict[str, Any] = {"model": shape or config.engine.model, "random_weights": shape is not None,
                            "device": device, "dtype": dtype, "samples": samples, "reply_tokens": reply_tokens,
                            "tokens_per_step": tokens, "threads": threads, "lora_rank": tc.lora_rank,
-                           "steps": steps, "warmup": warmup, "rounds": rounds, "runs": {}}
+                           "steps": steps, "warmup": warmup, "rounds": rounds, "finetune": finetune,
+                           "nproc": nproc, "runs": {}}
     python = trl_python or os.environ.get(TRL_ENV)
     jobs: list[tuple[str, str, dict[str, Any]]] = []
-    if python:
+    if finetune != "lora":
+        python = None
+        console.print("finetune = full: ours only (the TRL side is a LoRA step).")
+    elif python:
         jobs.append(("trl", python, {"side": "trl", "checkpointing": False}))
         if trl_checkpointing:
             jobs.append(("trl_checkpointing", python, {"side": "trl", "checkpointing": True}))
     else:
         console.print(f"[yellow]{TRL_MISSING}[/]\nMeasuring ours only.")
-    jobs += [(f"ours_mb{m}", sys.executable, {"side": "ours", "micro_batch": m}) for m in micro_batches]
+    for m in micro_batches:
+        jobs.append((f"ours_mb{m}", sys.executable, {"side": "ours", "micro_batch": m}))
+        if nproc > 1:
+            jobs.append((f"ours_mb{m}_x{nproc}", sys.executable,
+                         {"side": "ours", "micro_batch": m, "nproc": nproc, "threads": max(1, threads // nproc)}))
     for round_ in range(rounds):
         for name, exe, extra in jobs:
             with console.status(f"round {round_ + 1}/{rounds}, {name}: {warmup} warm-up + {steps} timed steps of "
@@ -167,7 +182,11 @@ def make_batch(model: Path, samples: int, reply_tokens: int, seed: int = 0) -> d
 
 
 def run_side(python: str, spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """One side in a fresh process; its last stdout line is the JSON result."""
+    """One side in a fresh process (or `spec["nproc"]` rank processes, the environment torchrun
+    would give them); the last stdout line of rank 0 is the JSON result."""
+    from clawr1.trainer.ranks import free_port
+
+    nproc = spec.get("nproc", 1)
     with tempfile.TemporaryDirectory(prefix="clawr1-bench-trainer-") as tmp:
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(spec))
@@ -176,11 +195,24 @@ def run_side(python: str, spec: dict[str, Any], timeout_s: float) -> dict[str, A
                "OMP_NUM_THREADS": str(spec["threads"]), "MKL_NUM_THREADS": str(spec["threads"])}
         # The TRL venv has no clawr1, so the worker runs as a script by path; ours may as well.
         cmd = [python, str(Path(__file__).resolve()), "--spec", str(spec_path), "--workdir", tmp]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-        return {"error": f"exit {proc.returncode}: {tail or proc.stdout[-2000:]}"}
+        port = free_port()
+        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env={**env, **({"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(nproc),
+                                                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+                                                 if nproc > 1 else {})})
+                 for r in range(nproc)]
+        try:
+            outs = [p.communicate(timeout=timeout_s) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+    lines = [line for line in outs[0][0].splitlines() if line.startswith("{")]
+    failed = [(p.returncode, err) for p, (_, err) in zip(procs, outs, strict=True) if p.returncode != 0]
+    if failed or not lines:
+        code, err = failed[0] if failed else (0, outs[0][1])
+        tail = "\n".join(err.strip().splitlines()[-15:])
+        return {"error": f"exit {code}: {tail or outs[0][0][-2000:]}"}
     return json.loads(lines[-1])
 
 
@@ -344,11 +376,12 @@ def worker_ours(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
     from clawr1.trainer.batch import TrainSample
     from clawr1.trainer.loop import Trainer
     from clawr1.trainer.policy import pack
+    from clawr1.trainer.ranks import Ranks
 
     n = len(spec["replies"])
     config = Config.model_validate({
         "data_dir": str(workdir), "engine": {"model": spec["model"]}, "guard": {"enabled": False},
-        "trainer": {"method": "rl", "batch_size": n, "micro_batch": spec["micro_batch"], "threads": spec["threads"],
+        "trainer": {"method": "rl", "batch_size": n, "finetune": spec.get("finetune", "lora"), "micro_batch": spec["micro_batch"], "threads": spec["threads"],
                     "micro_batch_tokens": 10_000_000,  # the sample count is the setting measured
                     "device": spec["device"], "dtype": spec["dtype"], "grad_checkpointing": spec["grad_checkpointing"],
                     "lora_rank": spec["lora"]["r"], "lora_alpha": spec["lora"]["alpha"],
@@ -360,7 +393,8 @@ def worker_ours(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
 
         policy = Policy(Path(spec["model"]), config.trainer, base=_shaped(spec))
     with SQLitePool(workdir, config.pool) as pool:
-        trainer = Trainer(config, pool, resume=False, policy=policy)
+        ranks = Ranks.from_env(spec["device"])  # rank 0 of 1 unless run as `nproc` ranks
+        trainer = Trainer(config, pool, resume=False, policy=policy, ranks=ranks)
         prompts, replies = spec["prompts"], spec["replies"]
         with torch.no_grad():
             behaviour = trainer.policy.logprobs(pack(prompts, replies, [1.0] * n, trainer.policy.pad_id))
@@ -382,7 +416,8 @@ def worker_ours(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
         before = _snapshot(trainer.policy.model)
         out = measure(one_step, spec["warmup"], spec["steps"], sum(len(r) for r in replies), spec["device"])
         out["lora_updated"] = _updated(trainer.policy.model, before)
-    out.update(micro_batch=spec["micro_batch"], grad_checkpointing=spec["grad_checkpointing"], threads=torch.get_num_threads(), torch=torch.__version__,
+        ranks.close()
+    out.update(micro_batch=spec["micro_batch"], ranks=ranks.world, finetune=config.trainer.finetune, grad_checkpointing=spec["grad_checkpointing"], threads=torch.get_num_threads(), torch=torch.__version__,
                trained_tokens=last["tokens"], ratio=last["ratio"], prepare_s=last["prepare_s"])
     return out
 
@@ -470,15 +505,22 @@ def _shaped(spec: dict[str, Any]) -> Any:
 
 
 def _snapshot(model: Any) -> dict[str, Any]:
-    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    return {n: _local(p).clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
 def _updated(model: Any, before: dict[str, Any]) -> bool:
-    """Whether every trainable (LoRA) tensor moved: proof that the timed steps trained."""
+    """Whether every trainable tensor (LoRA, or every weight) moved: proof that the timed steps
+    trained. On sharded ranks: this rank's shard of each."""
     import torch
 
     now = dict(model.named_parameters())
-    return bool(before) and all(not torch.equal(now[n].detach(), p) for n, p in before.items())
+    return bool(before) and all(not torch.equal(_local(now[n]), p) for n, p in before.items() if p.numel())
+
+
+def _local(t: Any) -> Any:
+    """A parameter's tensor on this rank: its shard when FSDP2 sharded it (a DTensor)."""
+    t = t.detach()
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _zero_reward(completions: list[Any], **kwargs: Any) -> list[float]:

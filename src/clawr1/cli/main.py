@@ -277,7 +277,8 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
         numbers = run_trainer(config, console, device=args.device, dtype=args.dtype, shape=args.shape,
                               samples=args.samples, reply_tokens=args.reply_tokens,
                               micro_batches=tuple(int(m) for m in args.micro_batches.split(",")),
-                              grad_checkpointing=args.grad_checkpointing)
+                              grad_checkpointing=args.grad_checkpointing, nproc=args.nproc,
+                              finetune=args.finetune)
     else:  # judge, swap, latency: each module's run(config, console)
         import importlib
 
@@ -456,6 +457,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reply-tokens", type=int, default=256, help="trainer: tokens per reply")
     p.add_argument("--micro-batches", default="8,4,2", help="trainer: our micro-batch sizes to measure")
     p.add_argument("--grad-checkpointing", action="store_true", help="trainer: ours with gradient checkpointing")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="trainer: also run ours as N data-parallel ranks, beside one process (threads split)")
+    p.add_argument("--finetune", choices=["lora", "full"], default="lora",
+                   help="trainer: full = every weight trains (FSDP2 over --nproc ranks); ours only")
     p.add_argument("--json", action="store_true", help="also print the numbers as JSON")
     p.set_defaults(fn=cmd_bench)
     return parser

@@ -43,6 +43,10 @@ def cmd_train(args: argparse.Namespace, config: Config) -> int:
     if args.resume and not checkpoint_exists(config.data_dir):
         err_console.print(f"[red]error:[/red] --resume: no trainer checkpoint under {config.data_dir}")
         return 1
+    if args.nproc > 1 and config.trainer.backend == "tinker":
+        err_console.print("[red]error:[/red] --nproc > 1 is for local ranks; trainer.backend = \"tinker\" trains on "
+                          "the service")
+        return 2
     if args.nproc > 1 and config.tenants.adapter_per_tenant:
         err_console.print("[red]error:[/red] --nproc > 1 trains the shared adapter; per-tenant adapters train "
                           "in one process")
@@ -56,8 +60,13 @@ def cmd_train(args: argparse.Namespace, config: Config) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # finish the current step, then exit
     with open_pool(config) as pool:
         with err_console.status("Loading the policy ..."):
-            trainer = (TenantTrainers(config, pool) if config.tenants.adapter_per_tenant
-                       else Trainer(config, pool, ranks=ranks))
+            if config.trainer.backend == "tinker":
+                from clawr1.trainer.tinker import TinkerTrainer
+
+                trainer = TinkerTrainer(config, pool)
+            else:
+                trainer = (TenantTrainers(config, pool) if config.tenants.adapter_per_tenant
+                           else Trainer(config, pool, ranks=ranks))
         where = (f"one adapter per tenant, resumed {trainer.versions()}" if isinstance(trainer, TenantTrainers)
                  else f"at step {trainer.step_count}, policy v{trainer.version}")
         if ranks.lead:
@@ -105,7 +114,7 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
                 update={"trainer_ranks": args.trainer_procs})})
         return _up_ray(args, config)
     server = None
-    if config.engine.backend != "local" and not config.engine.url:  # start the inference server ourselves
+    if config.engine.backend in ("vllm", "sglang") and not config.engine.url:  # start the inference server ourselves
         from clawr1.engine.launcher import SERVED_NAME, InferenceServer
         from clawr1.engine.models import resolve_model
 

@@ -30,10 +30,11 @@ class _Section(BaseModel):
 
 
 class EngineConfig(_Section):
-    backend: Literal["local", "vllm", "sglang"] = "local"
+    backend: Literal["local", "vllm", "sglang", "tinker"] = "local"
     """Who samples: `local`, in this process (transformers, continuous batching); `vllm` or
     `sglang`, an inference server at `url` serving the same model (its tokenizer and chat template
-    are read from `model`, so token ids are exact both ways)."""
+    are read from `model`, so token ids are exact both ways); `tinker`, the sampling clients of a
+    Tinker-compatible training service (`[tinker]`, `pip install -e '.[tinker]'`)."""
 
     url: str | None = Field(None, min_length=1, max_length=4096)
     """Base URL of the vLLM or SGLang server, e.g. `http://gpu-host:8001`."""
@@ -254,12 +255,32 @@ class RewardConfig(_Section):
     route's `step_weight` overrides it per session."""
 
 
+class TinkerConfig(_Section):
+    base_model: str | None = Field(None, min_length=1, max_length=256)
+    """The service's name of the base model (e.g. `Qwen/Qwen3-4B-Instruct-2507`): the model whose
+    tokenizer and chat template `engine.model` holds. Required by `trainer.backend = "tinker"` and
+    `engine.backend = "tinker"`. The service's URL and key come from the environment only
+    (`TINKER_BASE_URL`, `TINKER_API_KEY`, read by the `tinker` SDK): never from a file, never printed."""
+
+    timeout_s: float = Field(600.0, gt=0, le=86_400)
+    """The longest one call to the service may take (a training step, a save, loading a sampler).
+    Past it the trainer fails the step (nothing was acknowledged: its lease comes back) and the
+    engine keeps serving the previous sampler."""
+
+
 class TrainerConfig(_Section):
+    backend: Literal["local", "tinker"] = "local"
+    """Where the weights train: `local`, this process (PyTorch, peft); `tinker`, a Tinker-compatible
+    service through the `tinker` SDK (LoRA only; `[tinker]` has the settings): the advantages are
+    computed here as for `local`, the service runs the PPO loss and AdamW, and each version is a
+    saved sampler that `engine.backend = "tinker"` serves."""
+
     finetune: Literal["lora", "full"] = "lora"
     """`lora`: train a LoRA adapter (small; the engine swaps it in beside the base). `full`: train
     every weight and publish whole models under `<data_dir>/weights/`, which the engine reloads
     between batches (the local engine and SGLang; vLLM takes full weights only through its
-    NCCL/IPC weight transfer). Needs memory for the weights, their gradients and AdamW's moments."""
+    NCCL/IPC weight transfer). Needs memory for the weights, their gradients and AdamW's moments;
+    over several trainer ranks the decoder layers' share of them is sharded (FSDP2, `sharded.py`)."""
 
     method: Literal["rl", "opd", "combine"] = "combine"
     """rl: PPO-clipped binary reward; opd: hindsight-guided on-policy distillation from hints;
@@ -596,6 +617,9 @@ class Config(_Section):
     ray: RayConfig = Field(default_factory=RayConfig)
     """The Ray deployment (`clawr1 up --ray`): engine replicas, judge workers, actor names."""
 
+    tinker: TinkerConfig = Field(default_factory=TinkerConfig)
+    """A Tinker-compatible training service (`trainer.backend` / `engine.backend = "tinker"`)."""
+
     @model_validator(mode="after")
     def _consistent(self) -> Config:
         if self.trainer.finetune == "full" and self.tenants.adapter_per_tenant:
@@ -604,6 +628,19 @@ class Config(_Section):
         if self.trainer.finetune == "full" and self.engine.backend == "vllm":
             raise ValueError("trainer.finetune = \"full\" needs an engine that reloads weights from disk "
                              "(local or sglang); vLLM takes them only through its NCCL/IPC weight transfer")
+        remote = self.trainer.backend == "tinker"
+        if (remote or self.engine.backend == "tinker") and not self.tinker.base_model:
+            raise ValueError("a tinker backend needs tinker.base_model (the service's name of the base model)")
+        if remote and self.engine.backend != "tinker":
+            raise ValueError("trainer.backend = \"tinker\" publishes samplers of the service: serve them with "
+                             "engine.backend = \"tinker\"")
+        if remote and (self.trainer.finetune != "lora" or self.tenants.adapter_per_tenant):
+            raise ValueError("trainer.backend = \"tinker\" trains one shared LoRA adapter")
+        if remote and (self.trainer.opd_estimator == "full" or self.trainer.entropy_coef > 0
+                       or self.trainer.teacher != "base"):
+            raise ValueError("trainer.backend = \"tinker\": the service's PPO loss takes per-token advantages "
+                             "only, and the teacher is the service's base sampler; trainer.opd_estimator = "
+                             "\"full\", entropy_coef > 0 and teacher != \"base\" need the model here (train locally)")
         return self
 
 

@@ -19,6 +19,10 @@ def load_engine(config: Config) -> Engine:
     backend = config.engine.backend
     if backend == "local":
         return LocalEngine.load(path, config.engine)
+    if backend == "tinker":
+        from clawr1.engine.tinker import TinkerEngine
+
+        return TinkerEngine(path, config)
     if not config.engine.url:
         raise ValueError(f'engine.backend = "{backend}" needs engine.url (the server\'s base URL)')
     if backend == "vllm":

@@ -28,6 +28,7 @@ from typing import Any
 from clawr1.core.types import AdapterError
 
 MARKER = "STABLE"
+REMOTE = "remote.json"  # a version trained on a service: where its sampler is (`publish_remote`)
 VERDICT, LATEST, CONTROL = "VERDICT", "LATEST", "CONTROL"
 _VERSION_DIR = re.compile(r"^v(\d+)$")
 
@@ -41,10 +42,12 @@ def read_marker(path: Path) -> dict[str, Any]:
     marker = Path(path) / MARKER
     if not marker.is_file():
         raise AdapterError(f"adapter directory {path} is incomplete (no {MARKER} marker); not loading it")
-    for required in ("adapter_config.json", "adapter_model.safetensors"):
+    content = _marker_json(marker)
+    files = (REMOTE,) if content.get("kind") == "remote" else ("adapter_config.json", "adapter_model.safetensors")
+    for required in files:
         if not (Path(path) / required).is_file():
             raise AdapterError(f"adapter directory {path} lacks {required}")
-    return _marker_json(marker)
+    return content
 
 
 def _marker_json(marker: Path) -> dict[str, Any]:
@@ -84,6 +87,19 @@ def publish(peft_model: Any, root: Path, name: str, version: int) -> Path:
     # Atomically: written in place, a kill between the marker's open and its write left an empty
     # STABLE that `latest()` took for a complete version and `read_marker` could not parse.
     write_json(target / MARKER, {"name": name, "version": version})
+    write_json(Path(root) / name / LATEST, {"version": version})
+    return target
+
+
+def publish_remote(root: Path, name: str, version: int, remote: dict[str, Any]) -> Path:
+    """A version whose weights live on a training service (`trainer.backend = "tinker"`): its
+    directory holds `remote.json` (where the service keeps the sampler), then the marker."""
+    target = version_dir(root, name, version)
+    if (target / MARKER).exists():
+        raise AdapterError(f"adapter {name} v{version} already published at {target}")
+    target.mkdir(parents=True, exist_ok=True)
+    write_json(target / REMOTE, remote)
+    write_json(target / MARKER, {"name": name, "version": version, "kind": "remote"})
     write_json(Path(root) / name / LATEST, {"version": version})
     return target
 
@@ -193,15 +209,18 @@ def latest(root: Path, name: str) -> tuple[int, Path] | None:
 WEIGHT_FILES = ("config.json", "model.safetensors")
 
 
-def publish_weights(model: Any, root: Path, name: str, version: int, keep: int = 2) -> Path:
+def publish_weights(model: Any, root: Path, name: str, version: int, keep: int = 2,
+                    state_dict: dict[str, Any] | None = None) -> Path:
     """Full fine-tuning: write a whole model (`config.json`, `model.safetensors`) as version
     `version` of `name`, synced, then its marker; versions older than the newest `keep` are
-    removed (an engine holds loaded weights in memory; a restarting one takes the newest)."""
+    removed (an engine holds loaded weights in memory; a restarting one takes the newest).
+    `state_dict`: the whole weights gathered from sharded trainer ranks, written in place of
+    `model`'s own (which hold only this rank's shards)."""
     target = version_dir(root, name, version)
     if (target / MARKER).exists():
         raise AdapterError(f"weights {name} v{version} already published at {target}")
     target.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(target, safe_serialization=True)
+    model.save_pretrained(target, safe_serialization=True, state_dict=state_dict)
     for file in target.iterdir():
         _fsync(file)
     _fsync(target)

@@ -38,6 +38,17 @@ class TrainSample:
     lease_id: str | None = None  # the lease it came in (acknowledged after the version trained on it)
 
 
+def load_samples(pool: Any, lease: Any) -> list[TrainSample]:
+    """A lease's samples with their rewards and hints, each tagged with the lease: the version that
+    trains on them lists it (`lease_ids`) to acknowledge after its checkpoint."""
+    if not lease.step_ids:
+        return []
+    steps = pool.get_steps(lease.step_ids)
+    hints = pool.hints(lease.step_ids)
+    return [TrainSample(step, sample.reward, sample.weight, hints.get(step.step_id), lease.lease_id)
+            for step, sample in zip(steps, lease.samples, strict=True)]
+
+
 def with_hint(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:
     """The turn's context as the teacher sees it: the hint appended to the last user message."""
     out = [dict(m) for m in messages]
@@ -88,24 +99,14 @@ def prepare(policy: Policy, samples: list[TrainSample], config: TrainerConfig, r
     for i, step in enumerate(steps):
         if step.logprobs:
             behaviour[i, k - len(step.logprobs):] = torch.tensor(step.logprobs)
-    raw = torch.tensor([s.reward or 0.0 for s in samples])
-    has_rl = raw != 0
     has_hint = torch.tensor([bool(s.hint) for s in samples])
     opd = torch.zeros(len(steps), k)
     hinted = config.method != "rl" and bool(has_hint.any())
     full = hinted and config.opd_estimator == "full"
     if hinted and not full:
         opd = _opd(policy, samples, rows, behaviour, config)
-    if config.method == "rl":
-        advantage, usable = rl[:, None].expand(-1, k), has_rl
-    elif config.method == "opd":
-        advantage, usable = opd, has_hint
-    else:
-        advantage = combine_advantage(opd, (rl * has_rl)[:, None], config.w_opd, config.w_rl)
-        usable = has_rl | has_hint
+    advantage, mask, usable = token_advantages(samples, config, rl, opd, rows.mask)
     weight = torch.tensor([s.weight for s in samples])
-    mask = rows.mask * usable[:, None].float()
-    advantage = advantage * weight[:, None]
     has_logprobs = torch.tensor([bool(s.logprobs) for s in steps])
     stats = {"samples": float(len(samples)), "usable": float(usable.sum()), "tokens": float(mask.sum()),
              "reply_tokens": float(rows.mask.sum()), **advantage_signs(advantage * mask, rows.mask)}
@@ -116,6 +117,26 @@ def prepare(policy: Policy, samples: list[TrainSample], config: TrainerConfig, r
         out.teacher, out.teacher_head = _teacher_hidden(policy, samples, rows, config)
         out.distill = (mask * (has_hint * weight)[:, None]).to(device)
     return out
+
+
+def token_advantages(samples: list[TrainSample], config: TrainerConfig, rl: torch.Tensor, opd: torch.Tensor,
+                     reply_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token advantages [B, K] for `config.method`, the mask of the tokens that train (reply
+    tokens of samples with a signal) and which samples have one [B]: `rl`, each sample's RL advantage (`rl_advantages`);
+    `opd`, the OPD advantage per token (zeros without a hint), right-aligned like `reply_mask`.
+    The local trainer and the Tinker backend (`tinker.py`) both take their advantages from here."""
+    k = reply_mask.shape[1]
+    raw = torch.tensor([s.reward or 0.0 for s in samples])
+    has_rl, has_hint = raw != 0, torch.tensor([bool(s.hint) for s in samples])
+    if config.method == "rl":
+        advantage, usable = rl[:, None].expand(-1, k), has_rl
+    elif config.method == "opd":
+        advantage, usable = opd, has_hint
+    else:
+        advantage = combine_advantage(opd, (rl * has_rl)[:, None], config.w_opd, config.w_rl)
+        usable = has_rl | has_hint
+    weight = torch.tensor([s.weight for s in samples])
+    return advantage * weight[:, None], reply_mask * usable[:, None].float(), usable
 
 
 @contextmanager

@@ -25,8 +25,8 @@ from clawr1.core.records import adapter_name
 from clawr1.datapool.base import DataPool
 from clawr1.engine import adapters
 from clawr1.engine.models import resolve_model
-from clawr1.trainer import checkpoint, guarded, history
-from clawr1.trainer.batch import Prepared, TrainSample, prepare, rl_advantages
+from clawr1.trainer import checkpoint, guarded, history, sharded
+from clawr1.trainer.batch import Prepared, TrainSample, load_samples, prepare, rl_advantages
 from clawr1.trainer.losses import entropy_band, kl_to_reference, masked_mean, ppo_loss
 from clawr1.trainer.policy import Policy, pack
 from clawr1.trainer.ranks import Ranks
@@ -55,6 +55,14 @@ class Trainer:
         self.policy = policy or Policy(resolve_model(config.engine.model, config.data_dir), self.tc, self.adapter)
         self.policy.add(self.adapter)
         self.policy.activate(self.adapter)
+        # Full fine-tuning over several ranks shards the decoder layers (FSDP2); LoRA replicates.
+        self.sharded = self.ranks.world > 1 and self.tc.finetune == "full"
+        if self.sharded:
+            if self.tc.method != "rl" and self.tc.teacher != "base":
+                raise ValueError(f"trainer.teacher = {self.tc.teacher!r} with sharded full fine-tuning: a teacher "
+                                 "forward through the sharded policy would run on some ranks only; use "
+                                 "trainer.teacher = \"base\" (the default) or one rank")
+            sharded.shard(self.policy.model)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=self.tc.lr, weight_decay=self.tc.weight_decay)
         self.step_count = 0
         self.version = 0  # the newest version of this adapter published (0 = base model)
@@ -135,15 +143,21 @@ class Trainer:
             return None
         self.version += 1
         self.weights_of = self.version
+        t = time.perf_counter()
+        whole = sharded.gather(self.policy.model, self.optimizer) if self.sharded else None  # every rank's part
         if lead:
-            t = time.perf_counter()
-            self.publish(self.policy.model, self.adapter_root, self.adapter, self.version)
+            if whole is None:
+                self.publish(self.policy.model, self.adapter_root, self.adapter, self.version)
+            else:
+                adapters.publish_weights(self.policy.model, self.adapter_root, self.adapter, self.version,
+                                         state_dict=whole[0])
             metrics["publish_s"] = time.perf_counter() - t
-            self.save(metrics["lease_ids"])  # checkpoint first, then the acks: exactly once across crashes
+            self.save(metrics["lease_ids"], whole)  # checkpoint first, then the acks: exactly once across crashes
             for lease_id in metrics["lease_ids"]:
                 self.pool.ack(lease_id)
         metrics.update(version=self.version, lease=int(metrics["samples"]), skipped=self.skipped,
-                       ranks=self.ranks.world, lease_id=metrics["lease_ids"][0] if metrics["lease_ids"] else None)
+                       ranks=self.ranks.world, param_bytes=sharded.local_bytes(self.policy.model),  # rank 0's
+                       lease_id=metrics["lease_ids"][0] if metrics["lease_ids"] else None)
         if self.guarded:  # the candidate waits for the guard; a rejected one is undone
             t = time.perf_counter()
             metrics.update(self.await_verdict())
@@ -165,13 +179,15 @@ class Trainer:
         return self.load(lease)
 
     # ---- the guard's verdicts ------------------------------------------------------------------
-    def save(self, lease_ids: list[str] | tuple[str, ...] = ()) -> None:
-        if not self.ranks.lead:  # every rank holds the same state; one writes it
+    def save(self, lease_ids: list[str] | tuple[str, ...] = (), whole: tuple[dict, dict] | None = None) -> None:
+        """Rank 0 writes the checkpoint: every rank holds the same state, or (sharded) `whole` is
+        what `sharded.gather` collected from all of them."""
+        if not self.ranks.lead:
             return
         checkpoint.save(checkpoint.path_of(self.root, self.tenant), self.policy, self.optimizer,
                         {"step": self.step_count, "version": self.version, "lease_ids": list(lease_ids),
                          "promoted": self.promoted, "rollbacks": self.rollbacks,
-                         "reward_baseline": self.reward_baseline, "weights_of": self.weights_of})
+                         "reward_baseline": self.reward_baseline, "weights_of": self.weights_of}, whole)
 
     def keep_promoted(self) -> None:
         """The current state is the incumbent's: what a rejected version rolls back to."""
@@ -230,14 +246,7 @@ class Trainer:
         log.warning("rolled back to v%d by an admin; the next version is v%d", to, self.version + 1)
 
     def load(self, lease: Any) -> list[TrainSample]:
-        """The lease's samples with their rewards and hints, each tagged with the lease: the version
-        that trains on them lists it (`lease_ids`) to acknowledge after its checkpoint."""
-        if not lease.step_ids:
-            return []
-        steps = self.pool.get_steps(lease.step_ids)
-        hints = self.pool.hints(lease.step_ids)
-        return [TrainSample(step, sample.reward, sample.weight, hints.get(step.step_id), lease.lease_id)
-                for step, sample in zip(steps, lease.samples, strict=True)]
+        return load_samples(self.pool, lease)
 
     def train_step(self, samples: list[TrainSample]) -> dict[str, Any] | None:
         """Forward/backward on `samples`, adding to the gradients kept since the last optimizer step;
@@ -257,7 +266,8 @@ class Trainer:
             rl, self.reward_baseline = rl_advantages(samples, self.tc, self.reward_baseline)  # batch-wide
             mine = self.ranks.share([len(s.step.prompt_ids) + len(s.step.token_ids) for s in samples])
             own = [samples[i] for i in mine]
-            for index in micro_batches(own, self.tc.micro_batch_tokens, self.tc.micro_batch):
+            passes = micro_batches(own, self.tc.micro_batch_tokens, self.tc.micro_batch)
+            for index in passes:
                 t0 = time.perf_counter()
                 m = prepare(self.policy, [own[i] for i in index], self.tc, rl[[mine[i] for i in index]])
                 t1 = time.perf_counter()
@@ -266,8 +276,13 @@ class Trainer:
                     (loss * m.stats["tokens"]).backward()
                     acc.count({key: stats.pop(key) for key in ("kl_teacher_sum", "distill_tokens") if key in stats})
                     acc.add(stats, m.stats["tokens"])
+                elif self.sharded:
+                    self.empty_pass()
                 acc.count(m.stats)
                 acc.prepare_s, acc.train_s = acc.prepare_s + t1 - t0, acc.train_s + time.perf_counter() - t1
+            if self.sharded:  # every forward/backward of a sharded layer is a collective: as many as the busiest
+                for _ in range(self.ranks.most(len(passes)) - len(passes)):
+                    self.empty_pass()
             acc.samples += samples
         acc = self.accumulated
         if not self.ranks.broadcast(acc is not None and version_due(acc, self.tc, self.config.pool.lease_seconds)):
@@ -284,7 +299,8 @@ class Trainer:
         for param in self.policy.parameters():
             if param.grad is not None:
                 param.grad.div_(acc.tokens)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.tc.grad_clip))
+        grad_norm = (sharded.clip_gradients(self.policy.parameters(), self.tc.grad_clip) if self.sharded
+                     else float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.tc.grad_clip)))
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
@@ -335,6 +351,14 @@ class Trainer:
                 loss = loss + self.tc.kl_coef * kl
         metrics.update(loss=loss.item(), kl=kl.item())
         return loss, metrics
+
+    def empty_pass(self) -> None:
+        """A forward/backward through the sharded layers that adds nothing to the gradients: a rank
+        with fewer micro-batches than another (or one without a trainable token) still joins each
+        of their collectives."""
+        rows = pack([[self.policy.pad_id]], [[self.policy.pad_id]], [1.0], self.policy.pad_id)
+        logp = self.policy.stats(rows, rows.mask, reference=False)[0]
+        (logp.sum() * 0.0).backward()
 
     @torch.no_grad()
     def sequence_logprob(self, prompt_ids: list[int], reply_ids: list[int], temperature: float = 1.0) -> float:

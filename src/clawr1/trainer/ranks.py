@@ -1,5 +1,6 @@
 """Data-parallel training over `torch.distributed`: N trainer ranks, one per GPU (NCCL) or CPU
-process (gloo), training one LoRA together.
+process (gloo), training one LoRA together, or one fully fine-tuned model whose decoder layers are
+sharded across them (FSDP2, `sharded.py`).
 
 Rank 0 is the only one that talks to the pool and the disk (lease, publish, checkpoint, ack, the
 guard's verdict); it broadcasts each lease's samples, and every rank trains on its share, split by
@@ -27,6 +28,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -78,8 +80,11 @@ class Ranks:
         return sorted(mine)
 
     def sum_gradients(self, params: list[torch.nn.Parameter]) -> None:
-        """Every rank's gradients summed into each rank's `.grad` (one flat all-reduce)."""
-        if self.world == 1:
+        """Every rank's gradients summed into each rank's `.grad` (one flat all-reduce). Sharded
+        parameters (FSDP2 under full fine-tuning, `sharded.py`) are left out: FSDP has already
+        reduced their gradients, each rank keeping the sum of its own shard."""
+        params = [p for p in params if not isinstance(p, DTensor)]
+        if self.world == 1 or not params:
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([g.reshape(-1).float() for g in grads])
@@ -89,6 +94,14 @@ class Ranks:
             n = g.numel()
             p.grad = flat[offset:offset + n].view_as(p).to(p.dtype)
             offset += n
+
+    def most(self, count: int) -> int:
+        """The largest `count` over the ranks."""
+        if self.world == 1:
+            return count
+        value = torch.tensor([count])
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return int(value)
 
     def sum_dicts(self, values: dict[str, float]) -> dict[str, float]:
         """Key-wise sums of every rank's `values` (a rank may lack keys another has)."""

@@ -1,0 +1,111 @@
+"""Full fine-tuning across data-parallel ranks with FSDP2 (`torch.distributed.fsdp.fully_shard`):
+each decoder layer's weights, gradients and AdamW moments are split across the ranks, so a rank
+holds 1/N of them; a layer's weights are gathered for its forward and backward and freed after.
+
+What stays whole on every rank: the embeddings, the final norm and the LM head (tied to the
+embeddings in SmolLM2 and Qwen). The fused head (`head.py`) reads the head's weight outside any
+module's forward, where FSDP would hand it over sharded; their gradients are summed by hand
+(`Ranks.sum_gradients`), as under LoRA. The kept base model (`kl_coef`, the base teacher) is a
+replicated, frozen copy: it never trains, so it needs no gradient or optimizer state.
+
+Every forward/backward of a sharded layer is a collective, so the ranks must run the same passes:
+`Trainer.train_step` pads the ranks with fewer micro-batches with empty passes, and the teacher
+must be the base (a teacher forward through the sharded policy would run only on ranks whose
+share holds a hinted sample). Gradients are reduced as sums (not FSDP's default mean): the step
+divides the summed gradients by the total token count, as one process would.
+
+Checkpoints and published weights are whole tensors (gathered, written by rank 0) in the same
+format as one process writes, so a run can resume with a different number of ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+GATHERED = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0's CPU
+WHOLE = StateDictOptions(full_state_dict=True)  # loading: every rank passes the whole tensors
+
+
+def shard(model: Any) -> int:
+    """Shard each decoder layer of a transformers causal LM over the default process group (sums,
+    not means, of the gradients). Returns the number of layers sharded."""
+    layers = getattr(model.get_decoder(), "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: no decoder `layers` to shard (FSDP2 needs the layer list)")
+    for layer in layers:
+        fully_shard(layer)
+        layer.set_gradient_divide_factor(1.0)
+        layer.set_force_sum_reduction_for_comms(True)  # gloo has no pre-scaled sum (PREMUL_SUM)
+    return len(layers)
+
+
+def is_sharded(model: Any) -> bool:
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def local_bytes(model: Any) -> int:
+    """Bytes of the parameters this rank holds (its shards, plus what is replicated)."""
+    return sum((p.to_local() if isinstance(p, DTensor) else p).nbytes for p in model.parameters())
+
+
+def gather(model: Any, optimizer: torch.optim.Optimizer | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+    """Collective (every rank calls it): the whole trainable tensors and, with `optimizer`, its
+    state keyed as `optimizer.state_dict()` keys it (parameter indices), on rank 0; empty
+    elsewhere."""
+    names = trainable_names(model)
+    weights = get_model_state_dict(model, options=GATHERED)
+    weights = {n: weights[n] for n in names if n in weights}
+    if optimizer is None:
+        return weights, {}
+    state = get_optimizer_state_dict(model, optimizer, options=GATHERED)
+    if not state:
+        return weights, {}
+    index = {name: i for i, name in enumerate(names)}
+    return weights, {"state": {index[n]: s for n, s in state["state"].items()},
+                     "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]}
+
+
+def scatter(model: Any, optimizer: torch.optim.Optimizer, weights: dict[str, torch.Tensor], state: dict) -> None:
+    """Collective: load whole tensors and an index-keyed optimizer state (as `gather` returns them,
+    or as one process saves them) into the sharded model and optimizer, on every rank."""
+    names = trainable_names(model)
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+    by_name = {"state": {names[i]: s for i, s in state["state"].items()},
+               "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
+    set_optimizer_state_dict(model, optimizer, by_name, options=WHOLE)
+
+
+def trainable_names(model: Any) -> list[str]:
+    """Parameter names in the order the optimizer holds them (`Policy.parameters()`)."""
+    return [n for n, p in model.named_parameters() if p.requires_grad]
+
+
+def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """`clip_grad_norm_` for a mix of sharded (DTensor) and whole gradients, which it refuses: the
+    squared norms of the local shards are summed over the ranks, the whole ones counted once."""
+    sharded = [p.grad.to_local() for p in params if isinstance(p.grad, DTensor)]
+    whole = [p.grad for p in params if p.grad is not None and not isinstance(p.grad, DTensor)]
+    square = torch.stack([g.float().pow(2).sum() for g in sharded]).sum() if sharded else torch.zeros(())
+    if dist.is_initialized() and sharded:
+        dist.all_reduce(square)
+    square = square + (torch.stack([g.float().pow(2).sum() for g in whole]).sum() if whole else 0.0)
+    norm = math.sqrt(float(square))
+    coef = min(1.0, max_norm / (norm + 1e-6))
+    if coef < 1.0:
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef)
+    return norm
