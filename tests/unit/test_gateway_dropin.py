@@ -1,5 +1,6 @@
 """Drop-in for the seeds' own clients, over real HTTP: Claw-R1's documented base URL without /v1,
-OpenClaw-RL's session fields in the request body, and the gateway served over TLS."""
+Agent Lightning's per-rollout base URL, OpenClaw-RL's session fields in the request body, and the
+gateway served over TLS."""
 
 from __future__ import annotations
 
@@ -37,6 +38,24 @@ def test_claw_r1_base_url_without_v1_names_the_session_and_prompt(engine, tmp_pa
                                                      "prompt": "hi"})
             assert response.status_code in (404, 405), (path, response.text)
         assert pool.stats()["steps"] == 3
+
+
+def test_agent_lightning_rollout_base_url_names_the_attempt_and_its_rollout(engine, tmp_path):
+    """Agent Lightning hands agents `{endpoint}/rollout/{rollout_id}/attempt/{attempt_id}/v1` (its
+    `ProxyLLM.get_base_url`; no /v1 when the endpoint had none): each attempt is a session, the
+    rollout its prompt id, so two attempts of one rollout are alternatives to the same prompt."""
+    with live_gateway(engine, tmp_path) as (base, pool):
+        for attempt, suffix in (("at-1", "/v1"), ("at-2", "")):
+            client = openai.OpenAI(base_url=f"{base}/rollout/ro-9/attempt/{attempt}{suffix}", api_key="unused")
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+            client.completions.create(model="m", prompt="Once upon", max_tokens=3)
+            client.responses.create(model="m", input="hello", max_output_tokens=3)
+        steps = steps_of(pool, 6)
+        assert {(s.session_id, s.prompt_id) for s in steps} == {("ro-9:at-1", "ro-9"), ("ro-9:at-2", "ro-9")}
+        bad = httpx.post(f"{base}/rollout/ro-9/attempt/{'x' * 300}/v1/chat/completions",
+                         json={**ASK, "messages": [{"role": "user", "content": "hi"}]})
+        assert_error(bad, 400)
+        assert pool.stats()["steps"] == 6
 
 
 def test_openclaw_rl_session_fields_in_the_body(engine, tmp_path):

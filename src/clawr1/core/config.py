@@ -25,7 +25,7 @@ def default_data_dir() -> Path:
 
 
 class _Section(BaseModel):
-    # Field docstrings become descriptions, so `clawr1 config --explain` can print them.
+    # Field docstrings become the fields' descriptions in the JSON schema (`Config.model_json_schema()`).
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
 
 

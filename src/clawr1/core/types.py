@@ -1,6 +1,5 @@
 """Value types that cross role boundaries: sampling parameters, generations, tool calls, errors.
-
-Later issues add the pool's records (Session, Step, Reward, Hint, Sample, PolicyVersion) here.
+The pool's records (Step, Sample, ...) are in `records.py`.
 """
 
 from __future__ import annotations

@@ -149,10 +149,6 @@ def unjudged(conn: sqlite3.Connection, limit: int, shard: tuple[int, int], now: 
     return [r[0] for r in rows]
 
 
-def newest_version(conn: sqlite3.Connection) -> int | None:
-    return _one(conn, "SELECT max(policy_version) FROM steps")
-
-
 def last_turn(conn: sqlite3.Connection, tenant: str, session_id: str) -> int | None:
     return _one(conn, "SELECT max(turn_index) FROM steps WHERE tenant = ? AND session_id = ?", tenant, session_id)
 

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 
 def create_app(engine: Engine, pool: DataPool, config: Config) -> FastAPI:
-    from clawr1.gateway import anthropic, chat, completions, dashboard, lifecycle, quality_routes, responses
+    from clawr1.gateway import anthropic, chat, completions, dashboard, lifecycle, lightning, quality_routes, responses
 
     gateway = Gateway(engine, pool, config)
 
@@ -71,6 +71,7 @@ def create_app(engine: Engine, pool: DataPool, config: Config) -> FastAPI:
     app.include_router(quality_routes.router)
     app.include_router(anthropic.router)
     app.include_router(responses.router)
+    app.include_router(lightning.router)
     app.include_router(metrics_router)
     app.include_router(dashboard.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

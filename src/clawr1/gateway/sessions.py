@@ -1,5 +1,5 @@
 """Resolve every request to (tenant, session, prompt id, turn index, turn type), by the first rule
-that applies (ARCHITECTURE.md): URL path ids, `X-Session-Id` headers, a per-session API key, then
+that applies (the session protocol of ../shared/ARCHITECTURE.md): URL path ids, `X-Session-Id` headers, a per-session API key, then
 automatic history matching. Turn indices are handed out at arrival under a lock, so interleaved
 requests of one session keep their order; a session this process has not seen yet (a restart, a
 header id from yesterday) resumes after the pool's last stored turn.

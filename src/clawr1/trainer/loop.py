@@ -58,7 +58,7 @@ class Trainer:
         # Full fine-tuning over several ranks shards the decoder layers (FSDP2); LoRA replicates.
         self.sharded = self.ranks.world > 1 and self.tc.finetune == "full"
         if self.sharded:
-            if self.tc.method != "rl" and self.tc.teacher != "base":
+            if self.tc.teacher != "base":  # the EMA's shadow weights are not gathered into checkpoints either
                 raise ValueError(f"trainer.teacher = {self.tc.teacher!r} with sharded full fine-tuning: a teacher "
                                  "forward through the sharded policy would run on some ranks only; use "
                                  "trainer.teacher = \"base\" (the default) or one rank")

@@ -116,6 +116,8 @@ class TinkerTrainer:
 
     # ---- one version -------------------------------------------------------------------------
     def ready(self) -> int:
+        """One lease per version (the service accumulates nothing between calls): a batch once
+        `min_samples` (else `batch_size`) are READY, or the oldest waited `max_wait_s`."""
         self.pool.expire_leases()
         count, oldest = self.pool.ready_state(None)
         enough = min(self.tc.min_samples or self.tc.batch_size, self.tc.batch_size)
