@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from clawr1.core.config import load_config
-from clawr1.core.types import AdapterError, SamplingParams
+from clawr1.core.types import AdapterError, EngineFailure, SamplingParams
 from clawr1.datapool import SQLitePool
 from clawr1.engine import adapters
 from clawr1.engine.tinker import TinkerEngine
@@ -113,6 +113,63 @@ def test_a_failing_service_loses_nothing_and_a_restart_trains_the_samples_once(t
         assert (again.version, again.step_count) == (1, 1) and again.state_path == restarted.state_path
 
 
+def test_a_crash_between_publishing_and_checkpointing_resumes_past_the_published_version(tiny_model_dir, tmp_path,
+                                                                                          generations):
+    """v1 is published, then the trainer dies before its checkpoint: the lease was not acknowledged,
+    so its samples come back, and the restarted trainer publishes them as v2 (not v1 again)."""
+    config = config_for(tiny_model_dir, tmp_path, *TRAIN, *TINKER, "pool.lease_seconds=1")
+    service = FakeService(tiny_model_dir, config.trainer)
+    with SQLitePool(tmp_path, config.pool) as pool:
+        fill(pool, generations[:6])
+        trainer = TinkerTrainer(config, pool, service=service)
+
+        def die(lease_ids: list[str]) -> None:
+            raise RuntimeError("killed before the checkpoint")
+
+        trainer._write_state = die
+        with pytest.raises(RuntimeError, match="killed"):
+            trainer.run_once()
+        assert adapters.latest(tmp_path / "adapters", ADAPTER)[0] == 1 and pool.stats().get("consumed", 0) == 0
+        time.sleep(1.2)  # the dead trainer's lease expires
+        restarted = TinkerTrainer(config, pool, service=service)
+        assert restarted.run_once()["version"] == 2 and pool.stats()["consumed"] == 6
+
+
+def test_an_admin_rollback_sends_the_service_back_to_that_versions_state(tiny_model_dir, tmp_path, generations):
+    config = config_for(tiny_model_dir, tmp_path, *TRAIN, "trainer.batch_size=3", *TINKER)
+    service = FakeService(tiny_model_dir, config.trainer)
+    with SQLitePool(tmp_path, config.pool) as pool:
+        fill(pool, generations[:9])
+        trainer = TinkerTrainer(config, pool, service=service)
+        trainer.run_once()
+        at_v1 = service.training.weights()
+        trainer.run_once()
+        assert any(not torch.equal(at_v1[n], t) for n, t in service.training.weights().items())
+        adapters.set_control(tmp_path / "adapters", ADAPTER, rollback={"to": 1, "id": "r1"})
+        trainer.apply_rollback()
+        assert all(torch.equal(at_v1[n], t) for n, t in service.training.weights().items())  # v1's state again
+        assert trainer.run_once()["version"] == 3  # trained on from there
+        assert (trainer.promoted, trainer.weights_of, trainer.rollbacks) == (1, 3, ["r1"])
+        again = TinkerTrainer(config, pool, service=service)  # the rollback is applied once, across restarts
+        again.apply_rollback()
+        assert again.rollbacks == ["r1"] and again.version == 3
+
+
+def test_a_failing_sampler_fails_the_request_and_never_hangs_it(tiny_model_dir, tmp_path):
+    config = config_for(tiny_model_dir, tmp_path, *TRAIN, *TINKER)
+    service = FakeService(tiny_model_dir, config.trainer)
+
+    async def go() -> None:
+        engine = TinkerEngine(tiny_model_dir, config, service=service)
+        service.fail.add("sample")
+        stream = engine.generate(engine.render([{"role": "user", "content": "hi"}]), SamplingParams(max_tokens=4))
+        with pytest.raises(EngineFailure, match="the service failed sampling"):
+            await asyncio.wait_for(stream.final(), 30)
+        await engine.close()
+
+    asyncio.run(go())
+
+
 def test_the_engine_serves_published_samplers_and_keeps_the_previous_one(tiny_model_dir, tmp_path, generations):
     config = config_for(tiny_model_dir, tmp_path, *TRAIN, *TINKER)
     service = FakeService(tiny_model_dir, config.trainer)
@@ -147,7 +204,9 @@ def test_the_engine_serves_published_samplers_and_keeps_the_previous_one(tiny_mo
 def test_a_tinker_backend_is_configured_whole():
     with pytest.raises(ValueError, match="tinker.base_model"):
         load_config(None, ['trainer.backend="tinker"', 'engine.backend="tinker"'])
-    with pytest.raises(ValueError, match="serve them with"):
+    with pytest.raises(ValueError, match="set both or neither"):
         load_config(None, ['trainer.backend="tinker"', 'tinker.base_model="m"'])
+    with pytest.raises(ValueError, match="set both or neither"):
+        load_config(None, ['engine.backend="tinker"', 'tinker.base_model="m"'])
     with pytest.raises(ValueError, match="train locally"):
         load_config(None, [*TINKER, 'trainer.opd_estimator="full"'])

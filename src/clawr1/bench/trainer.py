@@ -196,23 +196,32 @@ def run_side(python: str, spec: dict[str, Any], timeout_s: float) -> dict[str, A
         # The TRL venv has no clawr1, so the worker runs as a script by path; ours may as well.
         cmd = [python, str(Path(__file__).resolve()), "--spec", str(spec_path), "--workdir", tmp]
         port = free_port()
-        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env={**env, **({"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(nproc),
-                                                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-                                                 if nproc > 1 else {})})
-                 for r in range(nproc)]
+        logs = [Path(tmp) / f"rank{r}.log" for r in range(nproc)]
+        sinks = [open(log, "w") for log in logs[1:]]  # noqa: SIM115 (closed below)
+        procs = []
+        for r in range(nproc):  # rank 0 on pipes (its result); the others into files, never blocking on a pipe
+            ranks = ({"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1",
+                      "MASTER_PORT": str(port)} if nproc > 1 else {})
+            sink = subprocess.PIPE if r == 0 else sinks[r - 1]
+            procs.append(subprocess.Popen(cmd, stdout=sink, stderr=sink, text=True, env={**env, **ranks}))
         try:
-            outs = [p.communicate(timeout=timeout_s) for p in procs]
+            out, err = procs[0].communicate(timeout=timeout_s)
+            for p in procs[1:]:
+                p.wait(timeout=timeout_s)
         finally:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
-    lines = [line for line in outs[0][0].splitlines() if line.startswith("{")]
-    failed = [(p.returncode, err) for p, (_, err) in zip(procs, outs, strict=True) if p.returncode != 0]
+                    p.wait()
+            for sink in sinks:
+                sink.close()
+        errors = [err] + [log.read_text() for log in logs[1:]]
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    failed = [(p.returncode, e) for p, e in zip(procs, errors, strict=True) if p.returncode != 0]
     if failed or not lines:
-        code, err = failed[0] if failed else (0, outs[0][1])
-        tail = "\n".join(err.strip().splitlines()[-15:])
-        return {"error": f"exit {code}: {tail or outs[0][0][-2000:]}"}
+        code, text = failed[0] if failed else (0, err)
+        tail = "\n".join(text.strip().splitlines()[-15:])
+        return {"error": f"exit {code}: {tail or out[-2000:]}"}
     return json.loads(lines[-1])
 
 

@@ -109,6 +109,10 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
     # default one would end this process before the `finally` below stops the trainer, orphaning it.
     signal.signal(signal.SIGTERM, _interrupt)
     if args.ray or args.ray_address:
+        if config.trainer.backend == "tinker":
+            err_console.print("[red]error:[/red] trainer.backend = \"tinker\" runs without Ray (the service is the "
+                              "scale-out): drop --ray")
+            return 2
         if args.trainer_procs > 1:  # under Ray, the ranks are actors
             config = config.model_copy(update={"ray": config.ray.model_copy(
                 update={"trainer_ranks": args.trainer_procs})})

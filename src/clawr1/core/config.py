@@ -631,9 +631,9 @@ class Config(_Section):
         remote = self.trainer.backend == "tinker"
         if (remote or self.engine.backend == "tinker") and not self.tinker.base_model:
             raise ValueError("a tinker backend needs tinker.base_model (the service's name of the base model)")
-        if remote and self.engine.backend != "tinker":
-            raise ValueError("trainer.backend = \"tinker\" publishes samplers of the service: serve them with "
-                             "engine.backend = \"tinker\"")
+        if remote != (self.engine.backend == "tinker"):
+            raise ValueError("trainer.backend = \"tinker\" publishes samplers of the service, which only "
+                             "engine.backend = \"tinker\" serves (and it serves nothing else): set both or neither")
         if remote and (self.trainer.finetune != "lora" or self.tenants.adapter_per_tenant):
             raise ValueError("trainer.backend = \"tinker\" trains one shared LoRA adapter")
         if remote and (self.trainer.opd_estimator == "full" or self.trainer.entropy_coef > 0

@@ -33,45 +33,59 @@ class TinkerEngine(RemoteEngine):
 
         super().__init__(model_path, config.engine.model_copy(update={"url": config.engine.url or "http://tinker.invalid"}))
         self.timeout = config.tinker.timeout_s
+        self.base_model = config.tinker.base_model
         self.service = service if service is not None else service_client()
-        self.base = self._resolve(self.service.create_sampling_client(base_model=config.tinker.base_model))
+        self.base: Any = None  # the base model's sampling client, made on first use (off the event loop)
         self.samplers: dict[str, Any] = {}  # served name (`policy@v7`) -> its sampling client
 
     def _resolve(self, value: Any) -> Any:
         return value.result(timeout=self.timeout) if hasattr(value, "result") else value
 
-    def _client(self, served: str | None) -> Any:
-        return self.base if served is None else self.samplers[served]
+    async def _client(self, served: str | None) -> Any:
+        if served is not None:
+            return self.samplers[served]
+        if self.base is None:
+            self.base = await asyncio.wait_for(asyncio.to_thread(
+                lambda: self._resolve(self.service.create_sampling_client(base_model=self.base_model))), self.timeout)
+        return self.base
 
     async def _sample(self, prompt_ids: list[int], sampling: SamplingParams, max_tokens: int,
                       served: str | None, gen: Generation) -> AsyncIterator[tuple[int, float]]:
         from tinker import types
 
-        params = types.SamplingParams(max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-                                      seed=sampling.seed, stop=list(sampling.stop) or None)
-        future = self._client(served).sample(prompt=types.ModelInput.from_ints(list(prompt_ids)), num_samples=1,
-                                             sampling_params=params)
-        response = await self._call(future, "sampling")
-        sequence = response.sequences[0]
-        if sequence.logprobs is None:
-            raise ValueError("the sampler returned no logprobs: the trainer needs the sampled tokens' logprobs")
-        for token, logprob in zip(sequence.tokens, sequence.logprobs, strict=True):
+        async def call() -> tuple[list[int], list[float]]:
+            params = types.SamplingParams(max_tokens=max_tokens, temperature=sampling.temperature,
+                                          top_p=sampling.top_p, seed=sampling.seed, stop=list(sampling.stop) or None)
+            client = await self._client(served)
+            response = await _awaitable(client.sample(prompt=types.ModelInput.from_ints(list(prompt_ids)),
+                                                      num_samples=1, sampling_params=params))
+            sequence = response.sequences[0]
+            if sequence.logprobs is None:
+                raise ValueError("the sampler returned no logprobs (the trainer needs the sampled tokens' logprobs)")
+            return list(sequence.tokens), list(sequence.logprobs)
+
+        tokens, logprobs = await self._call(call(), "sampling")
+        for token, logprob in zip(tokens, logprobs, strict=True):
             yield int(token), float(logprob)
 
     async def _score(self, ids: list[int], start: int, served: str | None) -> list[float]:
         from tinker import types
 
-        future = self._client(served).compute_logprobs(types.ModelInput.from_ints(ids),
-                                                       prompt_logprobs_last_n=len(ids) - start)
-        out = await self._call(future, "scoring")
-        return [float(x) for x in out[start:]]
+        async def call() -> list[float]:
+            client = await self._client(served)
+            out = await _awaitable(client.compute_logprobs(types.ModelInput.from_ints(ids),
+                                                           prompt_logprobs_last_n=len(ids) - start))
+            return [float(x) for x in out[start:]]
 
-    async def _call(self, future: Any, what: str) -> Any:
-        """The service's answer within `tinker.timeout_s`; any failure of the service (the SDK's
-        own error types, a timeout) becomes the ValueError that `RemoteEngine` turns into the
-        request's EngineFailure (a 502 for the client), never a hung request."""
+        return await self._call(call(), "scoring")
+
+    async def _call(self, work: Any, what: str) -> Any:
+        """`work` (a coroutine that talks to the service) within `tinker.timeout_s`. Any failure
+        of the service (the SDK's own error types, a missing sequence, a timeout) becomes the
+        ValueError that `RemoteEngine` turns into the request's EngineFailure (a 502 for the
+        client): never a hung request."""
         try:
-            return await asyncio.wait_for(_awaitable(future), self.timeout)
+            return await asyncio.wait_for(work, self.timeout)
         except Exception as exc:
             raise ValueError(f"the service failed {what}: {type(exc).__name__}: {exc}") from exc
 

@@ -103,6 +103,9 @@ def train_flow(config: Config, flow: AgentFlow, tasks: list[Task], *, group: int
         Every rollout's result, the trainer's metrics per step, the newest version.
     """
     console = console or Console(stderr=True)
+    if config.trainer.backend != "local":
+        raise ValueError("train-flow trains in this process (trainer.backend = \"local\"); a tinker backend "
+                         "learns from black-box traffic through `clawr1 up`")
     rounds = rounds_of(tasks, epochs, steps, tasks_per_step)
     result = TrainFlowResult(new_run_id("wb"))
     # Offline rounds are the flow's own traffic, in GRPO groups a probe set would break up, and the

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from clawr1.trainer import sharded
@@ -60,26 +61,55 @@ def save(path: Path, policy: Policy, optimizer: torch.optim.Optimizer, state: di
 
 def load(path: Path, policy: Policy, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
     """Restore in place; returns the saved state, or None when there is no checkpoint. Sharded
-    ranks (FSDP2) each read the whole checkpoint and keep their shards: a collective."""
-    path = Path(path)
-    if not (path / "state.json").is_file():
-        old = path.with_name(path.name + ".old")  # a crash between the two renames
-        if not (old / "state.json").is_file():
-            return None
-        path = old
-    weights = load_file(path / WEIGHTS if (path / WEIGHTS).is_file() else path / "lora.safetensors")  # older name
+    ranks (FSDP2): a collective in which rank 0 reads and the others receive (`_load_sharded`)."""
+    found = _existing(Path(path))
+    if sharded.is_sharded(policy.model):
+        return _load_sharded(found, policy, optimizer)
+    if found is None:
+        return None
+    weights, saved = _read(found, policy)
     params = policy.named_state()
-    missing = set(params) ^ set(weights)
+    with torch.no_grad():
+        for name, value in weights.items():
+            params[name].copy_(value)
+    optimizer.load_state_dict(saved["optimizer"])
+    return json.loads((found / "state.json").read_text())
+
+
+def _existing(path: Path) -> Path | None:
+    """The checkpoint directory, or its `.old` twin after a crash between the two renames."""
+    for candidate in (path, path.with_name(path.name + ".old")):
+        if (candidate / "state.json").is_file():
+            return candidate
+    return None
+
+
+def _read(path: Path, policy: Policy) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The checkpoint's tensors (checked against the policy's names) and its optimizer file; the
+    RNG states are restored here."""
+    weights = load_file(path / WEIGHTS if (path / WEIGHTS).is_file() else path / "lora.safetensors")  # older name
+    missing = set(policy.named_state()) ^ set(weights)
     if missing:
         raise RuntimeError(f"checkpoint {path} does not match the LoRA config (differs in {sorted(missing)[:3]})")
     saved = torch.load(path / "optimizer.pt", weights_only=False)
-    if sharded.is_sharded(policy.model):
-        sharded.scatter(policy.model, optimizer, weights, saved["optimizer"])
-    else:
-        with torch.no_grad():
-            for name, value in weights.items():
-                params[name].copy_(value)
-        optimizer.load_state_dict(saved["optimizer"])
     torch.set_rng_state(saved["torch_rng"])
     random.setstate(saved["python_rng"])
-    return json.loads((path / "state.json").read_text())
+    return weights, saved
+
+
+def _load_sharded(found: Path | None, policy: Policy, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+    """Rank 0 decides whether there is a checkpoint and reads it (the other ranks may not share its
+    disk: Ray actors on other hosts); its state goes to every rank, and its tensors reach each
+    rank's shards through FSDP's broadcast from rank 0."""
+    lead = dist.get_rank() == 0
+    box = [json.loads((found / "state.json").read_text()) if lead and found is not None else None]
+    dist.broadcast_object_list(box, src=0)
+    if box[0] is None:
+        return None
+    weights, optim = ({}, {})
+    if lead:
+        assert found is not None
+        weights, saved = _read(found, policy)
+        optim = saved["optimizer"]
+    sharded.scatter(policy.model, optimizer, weights, optim)
+    return box[0]

@@ -267,6 +267,8 @@ class Trainer:
             mine = self.ranks.share([len(s.step.prompt_ids) + len(s.step.token_ids) for s in samples])
             own = [samples[i] for i in mine]
             passes = micro_batches(own, self.tc.micro_batch_tokens, self.tc.micro_batch)
+            # Every forward/backward of a sharded layer is a collective: agree first on the most passes.
+            busiest = self.ranks.most(len(passes)) if self.sharded else len(passes)
             for index in passes:
                 t0 = time.perf_counter()
                 m = prepare(self.policy, [own[i] for i in index], self.tc, rl[[mine[i] for i in index]])
@@ -280,9 +282,8 @@ class Trainer:
                     self.empty_pass()
                 acc.count(m.stats)
                 acc.prepare_s, acc.train_s = acc.prepare_s + t1 - t0, acc.train_s + time.perf_counter() - t1
-            if self.sharded:  # every forward/backward of a sharded layer is a collective: as many as the busiest
-                for _ in range(self.ranks.most(len(passes)) - len(passes)):
-                    self.empty_pass()
+            for _ in range(busiest - len(passes)):  # (sharded only) as many passes as the busiest rank
+                self.empty_pass()
             acc.samples += samples
         acc = self.accumulated
         if not self.ranks.broadcast(acc is not None and version_due(acc, self.tc, self.config.pool.lease_seconds)):

@@ -99,7 +99,9 @@ class Ranks:
         """The largest `count` over the ranks."""
         if self.world == 1:
             return count
-        value = torch.tensor([count])
+        # NCCL reduces CUDA tensors only; gloo CPU ones.
+        device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+        value = torch.tensor([count], device=device)
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return int(value)
 

@@ -36,7 +36,6 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 GATHERED = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0's CPU
-WHOLE = StateDictOptions(full_state_dict=True)  # loading: every rank passes the whole tensors
 
 
 def shard(model: Any) -> int:
@@ -80,12 +79,15 @@ def gather(model: Any, optimizer: torch.optim.Optimizer | None = None) -> tuple[
 
 def scatter(model: Any, optimizer: torch.optim.Optimizer, weights: dict[str, torch.Tensor], state: dict) -> None:
     """Collective: load whole tensors and an index-keyed optimizer state (as `gather` returns them,
-    or as one process saves them) into the sharded model and optimizer, on every rank."""
+    or as one process saves them), passed by rank 0 (the others pass empty dicts), into every
+    rank's shards of the model and the optimizer."""
     names = trainable_names(model)
-    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+    from_lead = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    set_model_state_dict(model, weights, options=from_lead)
     by_name = {"state": {names[i]: s for i, s in state["state"].items()},
-               "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
-    set_optimizer_state_dict(model, optimizer, by_name, options=WHOLE)
+               "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]
+               } if state else {}
+    set_optimizer_state_dict(model, optimizer, by_name, options=from_lead)
 
 
 def trainable_names(model: Any) -> list[str]:

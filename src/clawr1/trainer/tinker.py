@@ -80,6 +80,7 @@ class TinkerTrainer:
         self.guarded = config.guard.enabled
         self.step_count = self.version = self.promoted = self.weights_of = self.skipped = 0
         self.reward_baseline = 0.0
+        self.rollbacks: list[str] = []  # the admin rollbacks already applied (ids)
         self.state_path: str | None = None  # the service's saved state of the newest version
         self.promoted_state: str | None = None  # ... and of the incumbent (a rejected version goes back to it)
         saved = self._read_state() if resume else None
@@ -88,8 +89,13 @@ class TinkerTrainer:
             self.promoted, self.weights_of = saved.get("promoted", self.version), saved.get("weights_of", self.version)
             self.reward_baseline = saved.get("reward_baseline", 0.0)
             self.state_path, self.promoted_state = saved.get("tinker_state"), saved.get("tinker_promoted")
+            self.rollbacks = saved.get("rollbacks", [])
             for lease_id in saved.get("lease_ids", []):
                 self.pool.ack(lease_id)  # trained and checkpointed: never train it again
+        # A version published after the last checkpoint (a crash in between) keeps its number; its
+        # samples were not acknowledged, so they come back and train the next one.
+        published = adapters.latest(self.adapter_root, self.adapter)
+        self.version = max(self.version, published[0] if published else 0)
         self.training = self._training_client(self.state_path)
         self.base = self._result(self.service.create_sampling_client(base_model=self.base_model))
         self.history = history.MetricsLog(self.root, self.tc.wandb_project, public_dump(config))
@@ -104,15 +110,18 @@ class TinkerTrainer:
         """From a saved state (weights and AdamW moments), or a fresh LoRA on the base model."""
         if state:
             return self._result(self.service.create_training_client_from_state_with_optimizer(state))
+        # No LoRA on the unembedding, as locally (the local head is fused with the log-softmax).
         return self._result(self.service.create_lora_training_client(self.base_model, rank=self.tc.lora_rank,
-                                                                     seed=self.tc.seed))
+                                                                     seed=self.tc.seed, train_unembed=False))
 
-    def _logprobs(self, client: Any, prompt: list[int], reply: list[int]) -> list[float]:
-        """The client's logprobs of `reply` after `prompt` (teacher-forced, temperature 1)."""
+    def _logprobs(self, client: Any, pairs: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+        """The client's logprobs of each `reply` after its `prompt` (teacher-forced, temperature 1):
+        every request is sent first, then the answers are collected (one round trip, not one each)."""
         types = _types()
-        out = self._result(client.compute_logprobs(types.ModelInput.from_ints(prompt + reply),
-                                                   prompt_logprobs_last_n=len(reply)))
-        return [float(x) for x in out[-len(reply):]]
+        futures = [client.compute_logprobs(types.ModelInput.from_ints(prompt + reply), prompt_logprobs_last_n=len(reply))
+                   for prompt, reply in pairs]
+        return [torch.tensor([float(x) for x in self._result(f)[-len(reply):]])
+                for f, (_, reply) in zip(futures, pairs, strict=True)]
 
     # ---- one version -------------------------------------------------------------------------
     def ready(self) -> int:
@@ -125,6 +134,7 @@ class TinkerTrainer:
         return self.tc.batch_size if due else 0
 
     def run_once(self) -> dict[str, Any] | None:
+        self.apply_rollback()
         wanted = self.ready()
         if not wanted:
             return None
@@ -155,8 +165,9 @@ class TinkerTrainer:
                                 {"sampler_path": sampler, "state_path": self.state_path, "base_model": self.base_model})
         self._write_state([lease.lease_id])  # checkpoint first, then the ack: exactly once across crashes
         self.pool.ack(lease.lease_id)
+        service = {k: float(v) for k, v in (getattr(step, "metrics", None) or {}).items()}
         metrics.update(version=self.version, step=self.step_count, lr=lr, lease=len(samples), lease_id=lease.lease_id,
-                       backend="tinker", service_metrics=dict(getattr(step, "metrics", {}) or {}))
+                       backend="tinker", service_metrics=service, loss=service.get("loss:sum", 0.0))
         if self.guarded:
             metrics.update(self.await_verdict())
         metrics["total_s"] = time.perf_counter() - started
@@ -179,22 +190,24 @@ class TinkerTrainer:
         rl, self.reward_baseline = rl_advantages(samples, self.tc, self.reward_baseline)
         opd = torch.zeros(len(steps), k)
         if self.tc.method != "rl":
-            for i, s in enumerate(samples):
-                if s.hint and s.step.token_ids:
-                    prompt = self.chat.render(with_hint(s.step.messages, s.hint), s.step.tools)
-                    teacher = torch.tensor(self._logprobs(self.base, prompt, s.step.token_ids))
-                    n = len(s.step.token_ids)
-                    opd[i, k - n:] = opd_advantage(teacher, behaviour[i, k - n:], self.tc.opd_clip)
+            hinted = [i for i, s in enumerate(samples) if s.hint and s.step.token_ids]
+            teachers = self._logprobs(self.base, [(self.chat.render(with_hint(samples[i].step.messages,
+                                                                               samples[i].hint or ""),
+                                                                     samples[i].step.tools),
+                                                   samples[i].step.token_ids) for i in hinted])
+            for i, teacher in zip(hinted, teachers, strict=True):
+                n = len(steps[i].token_ids)
+                opd[i, k - n:] = opd_advantage(teacher, behaviour[i, k - n:], self.tc.opd_clip)
         advantage, mask, usable = token_advantages(samples, self.tc, rl, opd, reply_mask)
         kl = 0.0
         if self.tc.kl_coef > 0:
-            for i, step in enumerate(steps):
-                n = len(step.token_ids)
-                if usable[i] and n:
-                    base = torch.tensor(self._logprobs(self.base, step.prompt_ids, step.token_ids))
-                    penalty = behaviour[i, k - n:] - base
-                    advantage[i, k - n:] -= self.tc.kl_coef * penalty
-                    kl += float(penalty.sum())
+            scored = [i for i, step in enumerate(steps) if usable[i] and step.token_ids]
+            bases = self._logprobs(self.base, [(steps[i].prompt_ids, steps[i].token_ids) for i in scored])
+            for i, base in zip(scored, bases, strict=True):
+                n = len(steps[i].token_ids)
+                penalty = behaviour[i, k - n:] - base
+                advantage[i, k - n:] -= self.tc.kl_coef * penalty
+                kl += float(penalty.sum())
         tokens = float(mask.sum())
         out = []
         for i, step in enumerate(steps):
@@ -229,6 +242,24 @@ class TinkerTrainer:
         self._write_state([])
         return {"verdict": status, "promoted": self.promoted}
 
+    def apply_rollback(self) -> None:
+        """An admin's `clawr1 rollback N`: the training client goes back to version N's saved state
+        (its `remote.json`), or to a fresh LoRA for N = 0, and training goes on from there."""
+        request = adapters.control(self.adapter_root, self.adapter).get("rollback")
+        if not request or request.get("id") in self.rollbacks:
+            return
+        to = int(request["to"])
+        state = None
+        if to:
+            remote = adapters.version_dir(self.adapter_root, self.adapter, to) / adapters.REMOTE
+            state = json.loads(remote.read_text())["state_path"]
+        self.training = self._training_client(state)
+        self.promoted = self.weights_of = to
+        self.state_path = self.promoted_state = state
+        self.rollbacks.append(request["id"])
+        self._write_state([])
+        log.warning("rolled back to v%d by an admin; the next version is v%d", to, self.version + 1)
+
     # ---- the local checkpoint: where the service's state is ------------------------------------
     def _write_state(self, lease_ids: list[str]) -> None:
         path = checkpoint.path_of(self.root)
@@ -236,7 +267,7 @@ class TinkerTrainer:
         adapters.write_json(path / "state.json", {
             "step": self.step_count, "version": self.version, "lease_ids": lease_ids, "promoted": self.promoted,
             "weights_of": self.weights_of, "reward_baseline": self.reward_baseline, "backend": "tinker",
-            "tinker_state": self.state_path, "tinker_promoted": self.promoted_state})
+            "tinker_state": self.state_path, "tinker_promoted": self.promoted_state, "rollbacks": self.rollbacks})
 
     def _read_state(self) -> dict[str, Any] | None:
         path = checkpoint.path_of(self.root) / "state.json"
