@@ -104,6 +104,33 @@ def test_the_guard_promotes_a_sane_version_and_never_serves_a_broken_one(fresh, 
         assert httpx.post(f"{base}/dashboard/versions", data={"action": "drop", "version": "1"}).status_code == 400
 
 
+def test_a_served_version_found_out_of_the_base_range_is_rolled_back(fresh, tiny_model_dir, tmp_path):
+    """Drift that passed every candidate's check can leave the served version itself out of the
+    base's range (the demo's v24: held-out sane 0.54 against the base's 0.92). When the next
+    candidate is rejected and the served version fails against the base on the same probes, the
+    guard rolls back (as an admin would) to the newest earlier promoted version in range, here the
+    base, and the trainer restores it through the same CONTROL."""
+    root = tmp_path / "adapters"
+    publish(tiny_model_dir, tmp_path, 1, scale=0.0)
+    store.decide(root, "policy", 1, "promoted", "test: in range", {})
+    publish(tiny_model_dir, tmp_path, 2, scale=30.0)  # wrecked, yet served: as if promoted on too few probes
+    store.decide(root, "policy", 2, "promoted", "test: drifted past the probes", {})
+    with live_gateway(fresh, tmp_path, *GUARD) as (base, pool):
+        wait_for(lambda: fingerprint(base) == "clawr1-v2", 10, "the drifted v2 served after the restart")
+        talk(base, 10)
+        publish(tiny_model_dir, tmp_path, 3, scale=30.0)
+        verdict = wait_for(lambda: store.verdict(root, "policy", 3), 120, "a verdict on v3")
+        assert verdict["status"] == "rejected" and "the served v2 itself is worse" in verdict["reason"], verdict
+        assert "rolling back to v1" in verdict["reason"]  # v1 was asked the same probes and is in range
+        wait_for(lambda: fingerprint(base) == "clawr1-v1", 10, "v1 served again")
+        assert verdict["scores"]["incumbent_version"] == 2
+        control = store.control(root, "policy")["rollback"]
+        assert control["to"] == 1 and control["by"] == "guard"
+        assert store.verdict(root, "policy", 2)["status"] == "superseded"
+        assert ("policy", 1, "rolled_back") in [(d["adapter"], d["version"], d["status"])
+                                                for d in pool.policy_versions("policy")]
+
+
 def test_the_trainer_undoes_a_rejected_version_and_keeps_a_promoted_one(tiny_model_dir, tmp_path, generations):
     from clawr1.core.records import Reward, Step
     from clawr1.trainer.loop import Trainer

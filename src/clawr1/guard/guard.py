@@ -11,7 +11,10 @@ It runs in the gateway process, in place of the plain adapter watcher, one loop 
 3. `promoted`: the served name flips to it (requests in flight finish on their version);
    `rejected`: it is unloaded and never served, and the trainer, which waits for the verdict,
    rolls back to the incumbent's weights and optimizer state. Either way the verdict (`VERDICT` in
-   the version's directory, read by the trainer) and the pool's decision log say why.
+   the version's directory, read by the trainer) and the pool's decision log say why;
+4. when a candidate is rejected and the served version itself is out of the base's range on the
+   same probe set (drift that added up below each candidate's bound), the guard rolls back, as an
+   admin would, to the newest earlier promoted version within the range (or the base).
 Nothing here is in a request's path: a request always gets the served version, which only ever
 changes by an atomic flip.
 """
@@ -33,6 +36,7 @@ from clawr1.quality import not_worse, summarize
 
 log = logging.getLogger(__name__)
 TOP_UP_S = 5.0  # how often an incomplete probe set looks for more held-out traffic
+FALLBACK_TRIES = 3  # earlier promoted versions asked when the served one has left the base's range
 
 
 @dataclass
@@ -77,7 +81,7 @@ class Guard:
         rollback = control.get("rollback")
         if rollback and rollback.get("id") != line.rollback_id:
             line.rollback_id = rollback["id"]
-            await self._rollback(line, int(rollback["to"]))
+            await self._rollback(line, int(rollback["to"]), rollback.get("by", "admin"))
         pinned = control.get("pinned")
         if pinned != line.pinned:
             line.pinned = pinned
@@ -89,15 +93,15 @@ class Guard:
         if newest is not None and newest[0] > line.decided:
             await self.judge(line, *newest, serve=pinned is None)
 
-    async def _rollback(self, line: Line, to: int) -> None:
+    async def _rollback(self, line: Line, to: int, by: str = "admin") -> None:
         """Serve `to` again; versions promoted after it no longer count as promoted (a restart must
         not bring them back). The trainer restores `to` itself (it reads the same `CONTROL`)."""
         for version in await asyncio.to_thread(store.published, self.root, line.name):
             verdict = await asyncio.to_thread(store.verdict, self.root, line.name, version)
             if version > to and verdict and verdict["status"] == "promoted":
                 await asyncio.to_thread(store.decide, self.root, line.name, version, "superseded",
-                                        f"rolled back to v{to}", verdict["scores"])
-        await self._serve(line, to, "rolled_back", f"admin rollback to v{to}")
+                                        f"rolled back to v{to} by the {by}", verdict["scores"])
+        await self._serve(line, to, "rolled_back", f"{by} rollback to v{to}")
 
     # ---- judging a candidate -------------------------------------------------------------
     async def judge(self, line: Line, version: int, path: Path, serve: bool = True) -> None:
@@ -124,6 +128,15 @@ class Guard:
         reason = (f"vs v{line.served}: {against_incumbent.reason}; vs base: {against_base.reason}" if ok else
                   "; ".join(f"vs {who}: {v.reason}" for who, v in ((f"v{line.served}", against_incumbent),
                                                                    ("base", against_base)) if not v.ok))
+        fallback = None
+        if not ok and line.served and line.pinned is None:
+            # The served version itself, measured on this (possibly fresh) probe set, may have drifted
+            # out of the base's range: small losses a 12-probe set cannot see add up over versions,
+            # and a guard that only judges candidates would then serve it for good.
+            served = not_worse(incumbent, probes.base, self.config.base_bound)
+            if not served.ok:
+                fallback = await self._fallback(line, probes, meter)
+                reason += f"; the served v{line.served} itself is {served.reason}: rolling back to v{fallback}"
         scores = {"candidate": summary.to_dict(), "incumbent": incumbent.to_dict(), "incumbent_version": line.served,
                   "base": probes.base.to_dict(), "probe_set": probes.number, "probes": len(probes.probes),
                   "from_traffic": sum(not p.step_id.startswith("builtin-") for p in probes.probes),
@@ -137,7 +150,31 @@ class Guard:
             probes.summaries[version] = summary
             if serve:
                 await self._serve(line, version, None, "", path)
+        if fallback is not None:  # through the admin's lever: the next poll serves it, the trainer restores it
+            await asyncio.to_thread(store.set_control, self.root, line.name,
+                                    rollback={"to": fallback, "id": f"guard-{line.name}-v{version}", "by": "guard"})
         log.info("guard: %s v%d %s in %.1f s (%s)", line.name, version, status, scores["seconds"], reason)
+
+    async def _fallback(self, line: Line, probes: ProbeSet, meter: Any) -> int:
+        """The newest version promoted before the served one that is within the base's range on this
+        probe set (at most `FALLBACK_TRIES` of them asked, newest first; pruned ones skipped), else
+        0: the base."""
+        earlier = sorted((v for v in await asyncio.to_thread(self._promoted, line.name) if v < line.served),
+                         reverse=True)
+        name = f"{line.name}@check"
+        for version in earlier[:FALLBACK_TRIES]:
+            path = store.version_dir(self.root, line.name, version)
+            if not (path / store.MARKER).is_file():
+                continue
+            await self.gw.engine.load_adapter(name, path)
+            try:
+                gens = await ask(self.gw.engine, self.gw.pool, probes.probes, name, self._tenant(line), f"v{version}")
+            finally:
+                await self.gw.engine.unload_adapter(name)
+            probes.summaries[version] = await measure(meter, probes.probes, gens, probes.calibration)
+            if not_worse(probes.summaries[version], probes.base, self.config.base_bound).ok:
+                return version
+        return 0
 
     async def _probe_set(self, line: Line, version: int) -> ProbeSet | None:
         """The current probe set; a new one once `refresh_versions` versions used the old one and
@@ -241,10 +278,12 @@ class Guard:
     def _decided(self, name: str) -> list[int]:
         return [v for v in store.published(self.root, name) if store.verdict(self.root, name, v) is not None]
 
+    def _promoted(self, name: str) -> list[int]:
+        return [v for v in store.published(self.root, name)
+                if (store.verdict(self.root, name, v) or {}).get("status") == "promoted"]
+
     def _newest_promoted(self, name: str) -> int | None:
-        promoted = [v for v in store.published(self.root, name)
-                    if (store.verdict(self.root, name, v) or {}).get("status") == "promoted"]
-        return max(promoted, default=None)
+        return max(self._promoted(name), default=None)
 
     def _record(self, name: str, version: int, status: str, reason: str, scores: dict[str, Any]) -> None:
         if status in ("promoted", "rejected"):
