@@ -33,10 +33,24 @@ def train_command(tiny_model_dir, data_dir, nproc: int, *extra: str) -> list[str
             *[arg for s in sets for arg in ("--set", s)]]
 
 
-def published(data_dir, version: int) -> dict[str, torch.Tensor]:
-    path = adapters.version_dir(data_dir / "adapters", ADAPTER, version)
-    wait_for(lambda: (path / adapters.MARKER).is_file(), timeout=120, what=f"v{version} under {data_dir}")
-    return load_file(path / "adapter_model.safetensors")
+def published(data_dir, version: int, full: bool = False) -> dict[str, torch.Tensor]:
+    """Version `version`'s tensors once published: the LoRA adapter, or (`full`) the whole weights."""
+    path = adapters.version_dir(data_dir / ("weights" if full else "adapters"), ADAPTER, version)
+    wait_for(lambda: (path / adapters.MARKER).is_file(), timeout=180, what=f"v{version} under {data_dir}")
+    return load_file(path / ("model.safetensors" if full else "adapter_model.safetensors"))
+
+
+def two_ranks_publish(tiny_model_dir, data_dir, version: int, *extra: str) -> dict[str, torch.Tensor]:
+    """`clawr1 train --nproc 2` until it publishes `version`; then stopped, and it must exit cleanly."""
+    proc = subprocess.Popen(train_command(tiny_model_dir, data_dir, 2, *extra), stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "CLAWR1_DATA_DIR": ""})
+    try:
+        got = published(data_dir, version, full='trainer.finetune="full"' in extra)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 0, err[-3000:]
+    return got
 
 
 def test_share_splits_by_tokens_and_every_sample_goes_to_one_rank():
@@ -57,14 +71,7 @@ def test_two_gloo_ranks_publish_the_single_process_adapter(tiny_model_dir, tmp_p
     with SQLitePool(one, config.pool) as pool:
         metrics = Trainer(config, pool).run_once()
         assert metrics is not None and metrics["samples"] == 6
-    proc = subprocess.Popen(train_command(tiny_model_dir, two, 2), stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "CLAWR1_DATA_DIR": ""})
-    try:
-        got = published(two, 1)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        err = proc.communicate(timeout=120)[1]
-    assert proc.returncode == 0, err[-3000:]
+    got = two_ranks_publish(tiny_model_dir, two, 1)
     want = published(one, 1)
     assert set(got) == set(want)
     for name, tensor in want.items():
@@ -132,17 +139,10 @@ def test_full_finetuning_shards_layers_over_two_ranks_and_checkpoints_interchang
         layer_bytes = sum(p.nbytes for p in trainer.policy.causal_lm.get_decoder().layers.parameters())
     with SQLitePool(two, config_for(tiny_model_dir, two).pool) as pool:
         assert Trainer(config_for(tiny_model_dir, two, *SETTINGS, *full), pool).run_once()["version"] == 1
-    proc = subprocess.Popen(train_command(tiny_model_dir, two, 2, *full), stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "CLAWR1_DATA_DIR": ""})
-    try:
-        got = _weights(two, 2)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        err = proc.communicate(timeout=120)[1]
-    assert proc.returncode == 0, err[-3000:]
-    want = _weights(one, 2)
+    got = two_ranks_publish(tiny_model_dir, two, 2, *full)
+    want = published(one, 2, full=True)
     assert set(got) == set(want)
-    assert any(not torch.equal(want[n], _weights(one, 1)[n]) for n in want)  # v2 moved the weights
+    assert any(not torch.equal(want[n], published(one, 1, full=True)[n]) for n in want)  # v2 moved the weights
     for name, tensor in want.items():
         assert torch.allclose(got[name], tensor, atol=1e-5), name
     rows = {r["version"]: r for r in read_metrics(two)}
@@ -157,9 +157,3 @@ def test_full_finetuning_shards_layers_over_two_ranks_and_checkpoints_interchang
     assert set(moments[0]) == set(moments[1])
     for index, state in moments[0].items():
         assert torch.allclose(state["exp_avg_sq"], moments[1][index]["exp_avg_sq"], atol=1e-7, rtol=1e-4)
-
-
-def _weights(data_dir, version: int) -> dict[str, torch.Tensor]:
-    path = adapters.version_dir(data_dir / "weights", ADAPTER, version)
-    wait_for(lambda: (path / adapters.MARKER).is_file(), timeout=180, what=f"weights v{version} under {data_dir}")
-    return load_file(path / "model.safetensors")

@@ -41,6 +41,7 @@ from clawr1.engine.chat import ChatFormat
 from clawr1.engine.models import resolve_model
 from clawr1.trainer import checkpoint, guarded, history
 from clawr1.trainer.batch import TrainSample, load_samples, rl_advantages, token_advantages, with_hint
+from clawr1.trainer.loop import scheduled_lr
 from clawr1.trainer.losses import opd_advantage
 from clawr1.trainer.ranks import Ranks
 
@@ -149,8 +150,6 @@ class TinkerTrainer:
         types = _types()
         step = self._result(self.training.forward_backward(
             datums, "ppo", {"clip_low_threshold": 1 - self.tc.eps_low, "clip_high_threshold": 1 + self.tc.eps_high}))
-        from clawr1.trainer.loop import scheduled_lr
-
         lr = scheduled_lr(self.tc, self.step_count + 1)
         self._result(self.training.optim_step(types.AdamParams(
             learning_rate=lr, beta1=0.9, beta2=0.999, eps=1e-8,  # torch.optim.AdamW's, as the local trainer
