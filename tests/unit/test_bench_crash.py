@@ -1,5 +1,5 @@
 """`clawr1 bench crash` in small: kill -9 under load loses no step whose reply a client received
-when `gateway.durable_reply` is on (the full bench runs 50 cycles; its numbers are in the README)."""
+when `gateway.durable_reply` is on (the full bench runs 50 cycles; its numbers are in docs/gateway.md)."""
 
 from __future__ import annotations
 

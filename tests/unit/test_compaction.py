@@ -106,3 +106,58 @@ def test_a_compacted_request_continues_the_session_over_http_and_pairs_the_last_
         wait_for(lambda: pool.get_steps([steps[2].step_id])[0].next_state, what="turn 2's next state")
         next_state = pool.get_steps([steps[2].step_id])[0].next_state
         assert next_state[-1]["content"] == "question 3"
+
+
+OPENCLAW_SUMMARY = ("The conversation history before this point was compacted into the following summary:\n\n"
+                    "<summary>\n## Goal\nThe user asks about capitals.\n</summary>")
+
+
+def openclaw_compact(history: list[dict]) -> list[dict]:
+    """What the real OpenClaw sends after `openclaw sessions compact` (seen on the wire, 2026.9.6):
+    the system prompt, its summary (which takes in the last user message too), the last reply kept,
+    then the new message."""
+    return [history[0], {"role": "user", "content": OPENCLAW_SUMMARY}, history[-1]]
+
+
+def test_openclaws_compaction_folds_the_last_message_into_its_summary_and_still_continues_the_session():
+    matcher = HistoryMatcher()
+    history = [SYSTEM, {"role": "user", "content": "a"}, {"role": "assistant", "content": "A"},
+               {"role": "user", "content": "b"}]
+    matcher.record("default", "s", history, {"role": "assistant", "content": "B"})
+    request = [*openclaw_compact([*history, {"role": "assistant", "content": "B"}]), {"role": "user", "content": "c"}]
+    match = matcher.find("default", request)
+    assert match is not None and match.session_id == "s" and match.compacted and match.prefix_len == 3
+    # Text that is not a compaction summary in that place still starts a new session.
+    assert _PrefixOnly().find("default", request) is None
+    assert matcher.find("default", [SYSTEM, {"role": "user", "content": "Summary: capitals."}, *request[2:]]) is None
+
+
+def test_a_long_openclaw_style_conversation_is_split_before_and_one_session_after():
+    def converse_openclaw(matcher: HistoryMatcher, turns: int, every: int) -> list[str]:
+        history, sessions, n = [SYSTEM], [], 0
+        for t in range(turns):
+            if t and t % every == 0:
+                history = openclaw_compact(history)
+            history = history + [{"role": "user", "content": f"question {t}"}]
+            match = matcher.find("default", history)
+            session = match.session_id if match else f"s{n}"
+            n += match is None
+            reply = {"role": "assistant", "content": f"answer {t}"}
+            matcher.record("default", session, history, reply)
+            history = history + [reply]
+            sessions.append(session)
+        return sessions
+
+    assert len(set(converse_openclaw(_PrefixOnly(), 30, every=6))) == 5
+    assert len(set(converse_openclaw(HistoryMatcher(), 30, every=6))) == 1
+
+
+def test_the_agents_own_summarising_call_is_a_side_turn():
+    from clawr1.gateway.sessions import SessionResolver
+
+    resolver = SessionResolver(lambda session, tenant: None)
+    summarise = [{"role": "system", "content": "You are a context summarization assistant. Your task is to read a "
+                  "conversation between a user and an AI assistant, then produce a structured summary."},
+                 {"role": "user", "content": [{"type": "text", "text": "<conversation>\n[User]: a\n</conversation>"}]}]
+    assert resolver.resolve("default", summarise, {}).turn_type == "side"
+    assert resolver.resolve("default", [SYSTEM, {"role": "user", "content": "a"}], {}).turn_type == "main"

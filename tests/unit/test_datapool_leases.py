@@ -142,3 +142,19 @@ def test_bad_lease_arguments(open_pool):
             pool.lease(0)
         with pytest.raises(ValueError):
             pool.lease(4, max_staleness=-1)
+
+
+def test_hold_out_takes_each_sessions_earliest_untrained_turn_one_session_each(open_pool):
+    """The guard's probes: first turns carry their own topic (a later turn is often a reaction)."""
+    with open_pool() as pool:
+        for turn in range(3):
+            pool.append_steps(Step(step_id=f"{s}-t{turn}", tenant="default", session_id=s, prompt_id=s, turn_index=turn,
+                                   turn_type="main", messages=[{"role": "user", "content": f"{s} {turn}"}], tools=None,
+                                   prompt_ids=[1], token_ids=[2], logprobs=[-0.5], text="hello", policy_version=0,
+                                   adapter=None, finish_reason="stop", temperature=1.0) for s in ("a", "b", "c"))
+        first = pool.hold_out(None, 2)
+        assert len(first) == 2 and {i.split("-")[1] for i in first} == {"t0"} and len({i[0] for i in first}) == 2
+        rest = pool.hold_out(None, 2)  # the third session's first turn, then a second turn
+        assert rest[0] == ({"a", "b", "c"} - {i[0] for i in first}).pop() + "-t0" and rest[1].endswith("-t1")
+        assert all(pool.show(i)["sample"]["reason"] == "probe" for i in first + rest)
+        assert not set(pool.lease(10).step_ids) & set(first + rest)  # held out: never trained on

@@ -1,7 +1,7 @@
 """`clawr1 openclaw-config`: an `openclaw.json` that points the real, unmodified OpenClaw at this
 gateway (`../shared/OPENCLAW.md` and OpenClaw's own `docs/gateway/local-models.md` are the sources).
 
-How OpenClaw's prompt meets a small model's context, decided here and documented in the README:
+How OpenClaw's prompt meets a small model's context, decided here and documented in docs/gateway.md (Clients):
 OpenClaw's default system prompt (~38-47k characters: workspace bootstrap files, skills, tool
 guidance) plus 12 tool schemas is ~12.7k tokens in SmolLM2's tokenizer, more than its 8,192-token
 context. Below `LEAN_BELOW` tokens of context this config makes the prompt lean on the client side,

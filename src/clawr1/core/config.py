@@ -361,7 +361,7 @@ class TrainerConfig(_Section):
 
     kl_coef: float = Field(0.1, ge=0, le=10)
     """Weight of a KL penalty to the base model (free with LoRA: the adapter switched off). The
-    defaults of this section are one measured setting (README, The personal-agent demo): with 0 and
+    defaults of this section are one measured setting (docs/demo.md, The personal-agent demo): with 0 and
     the earlier defaults the demo's users drove the replies into nonsense; 0.2 held quality but
     learned nothing in 8 versions; 0.1 with the full-vocabulary estimator, the base teacher, the EMA
     baseline and negative_weight 0.3 learned a little (held-out preferred-and-sane 0.08 -> 0.21-0.33
@@ -406,7 +406,7 @@ class TrainerConfig(_Section):
     sampled); `full`, the exact KL(policy || teacher) over the whole vocabulary at every reply
     position of a hinted sample, weighted by `w_opd` (the same objective without the sampling: it
     also moves probability to tokens the policy did not sample, such as ending the reply early).
-    Measured in the demo (README): `full` learned no more than `sampled` and lowered the sane
+    Measured in the demo (docs/demo.md): `full` learned no more than `sampled` and lowered the sane
     rate, because the 135M base with a complaint in its context is itself a poor teacher; so the
     default stays `sampled`."""
 

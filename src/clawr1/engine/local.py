@@ -48,7 +48,7 @@ from clawr1.engine.batch import KVBatch, sample
 from clawr1.engine.chat import ChatFormat
 from clawr1.engine.queued import QueuedStream
 from clawr1.engine.slots import AdapterSlots
-from clawr1.engine.text import flush, visible_delta
+from clawr1.engine.text import Advance
 
 log = logging.getLogger(__name__)
 BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
@@ -59,14 +59,13 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 class _Request:
     prompt_ids: list[int]
     sampling: SamplingParams
-    max_tokens: int
     key: str  # peft adapter name, or BASE
     gen: Generation
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue
     generator: torch.Generator
+    advance: Advance  # the token-advance rule: text, stops, length, what may stream
     cancelled: bool = False
-    emitted: int = 0  # characters of visible text already streamed
     last_token: int = -1
 
     def send(self, item: Any) -> None:
@@ -150,10 +149,11 @@ class LocalEngine:
         seed = sampling.seed if sampling.seed is not None else self._seeds.getrandbits(63)
         loop = asyncio.get_running_loop()
         request = _Request(
-            prompt_ids=list(prompt_ids), sampling=sampling, max_tokens=min(sampling.max_tokens, room), key=key,
+            prompt_ids=list(prompt_ids), sampling=sampling, key=key,
             gen=Generation(prompt_ids=list(prompt_ids), adapter=adapter, version=version,
                            temperature=sampling.scoring_temperature),
             loop=loop, out=asyncio.Queue(), generator=torch.Generator().manual_seed(seed),
+            advance=Advance(self.tokenizer, self.eos_ids, sampling.stop, min(sampling.max_tokens, room)),
         )
         with self._lock:
             self._pending += 1
@@ -338,30 +338,16 @@ class LocalEngine:
         """Append one sampled token, stream its visible text, and finish the request if done."""
         s = request.sampling
         token, logprob = sample(logits, s.temperature, s.top_p, request.generator)
-        gen = request.gen
-        gen.token_ids.append(token)
-        gen.logprobs.append(logprob)
         request.last_token = token
-        reason = None
-        if token in self.eos_ids:
-            reason = "stop"  # special tokens are not text: gen.text is unchanged
-        else:
-            gen.text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-            gen.stop_match = next((stop for stop in s.stop if stop in gen.text), None)
-            if gen.stop_match is not None:
-                reason = "stop"
-            elif len(gen.token_ids) >= request.max_tokens:
-                reason = "length"
-        if reason:
-            text, request.emitted = flush(gen, request.emitted)
-        else:
-            text, request.emitted = visible_delta(gen.text, request.emitted, s.stop)
+        text, reason = request.advance(request.gen, token, logprob)
         request.send(TokenEvent(token, logprob, text))
         if reason:
             self._finish(request, reason)
 
     def _finish(self, request: _Request, reason: str) -> None:
         if request.gen.finish_reason is None:
+            if request.cancelled:
+                request.advance.finish(request.gen)  # the exact text of what was sampled before it
             request.gen.finish_reason = "aborted" if request.cancelled else reason
             self._settle(request, request.gen)
 

@@ -38,7 +38,7 @@ from clawr1.core.types import (
 from clawr1.engine import adapters as store
 from clawr1.engine.frontend import Frontend
 from clawr1.engine.queued import QueuedStream
-from clawr1.engine.text import flush, visible_delta
+from clawr1.engine.text import Advance
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,6 @@ class RemoteStream(QueuedStream):
         super().__init__(asyncio.Queue(), gen.version)
         self.gen, self.sampling, self.max_tokens = gen, sampling, max_tokens
         self.task: asyncio.Task | None = None
-        self.emitted = 0
 
     def cancel(self) -> None:
         """Stop generating (the server request is closed); the Generation ends as `aborted`."""
@@ -191,34 +190,21 @@ class RemoteEngine(Frontend, ABC):
                 log.warning("unloading %s from the server failed: %s", served, exc)
 
     async def _run(self, stream: RemoteStream, served: str | None) -> None:
-        gen, stops = stream.gen, stream.sampling.stop
+        gen, advance = stream.gen, Advance(self.tokenizer, self.eos_ids, stream.sampling.stop, stream.max_tokens)
         try:
             async for token, logprob in self._sample(gen.prompt_ids, stream.sampling, stream.max_tokens, served, gen):
-                gen.token_ids.append(token)
-                gen.logprobs.append(logprob)
-                reason = None
-                if token in self.eos_ids:
-                    reason = "stop"  # special tokens are not text: gen.text is unchanged
-                else:
-                    gen.text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-                    gen.stop_match = next((s for s in stops if s in gen.text), None)
-                    if gen.stop_match is not None:
-                        reason = "stop"
-                    elif len(gen.token_ids) >= stream.max_tokens:
-                        reason = "length"
-                if reason:
-                    delta, stream.emitted = flush(gen, stream.emitted)
-                else:
-                    delta, stream.emitted = visible_delta(gen.text, stream.emitted, stops)
+                delta, reason = advance(gen, token, logprob)
                 stream.out.put_nowait(TokenEvent(token, logprob, delta))
                 if reason:
                     gen.finish_reason = reason
                     break
             if gen.finish_reason is None:  # the server ended it (an EOS it did not return, its own stop);
                 # text still held back is in `gen.content`, which the gateway sends at the end
+                advance.finish(gen)
                 gen.finish_reason = "length" if len(gen.token_ids) >= stream.max_tokens else "stop"
             stream.out.put_nowait(gen)
         except asyncio.CancelledError:
+            advance.finish(gen)
             gen.finish_reason = "aborted"
             stream.out.put_nowait(gen)
         except (httpx.HTTPError, KeyError, ValueError) as exc:

@@ -9,8 +9,9 @@ S's last assistant reply. Real clients are messy (see shared/OPENCLAW.md), so:
 - a long conversation gets compacted: the client replaces the older turns by a summary and keeps
   the system prompt and the recent turns. Such a request no longer starts with S's transcript, but
   its last assistant message is still S's last reply, right after the message S's last request
-  ended with, and it starts with S's system prompt: that continues S too (`Match.compacted`), so
-  S's last turn still gets its next state (a reply two sessions share matches neither).
+  ended with (or right after the summary: OpenClaw folds that message into it), and it starts with
+  S's system prompt: that continues S too (`Match.compacted`), so S's last turn still gets its next
+  state (a reply two sessions share matches neither).
 Prefixes are indexed by a rolling hash and last replies by their fingerprint, so a lookup costs
 one or two dict probes per message of the request, whatever the number of open sessions. Tenants
 never match across.
@@ -24,6 +25,28 @@ from dataclasses import dataclass
 from typing import Any
 
 from clawr1.core.messages import arguments_value, text_of
+
+# How agents open the message that replaces the turns they compacted away. OpenClaw's (a user
+# message; `COMPACTION_SUMMARY_PREFIX` in its harness) also takes in the last user message before
+# the reply it keeps, so after it the kept reply follows the summary, not that message.
+SUMMARY_OPENINGS = ("The conversation history before this point was compacted into the following summary:",)
+# The system prompts of agents' own summarising calls: the history sent as one text to be
+# summarised, not a turn of the conversation (recorded as side turns, never trained or matched).
+SUMMARISER_PROMPTS = ("You are a context summarization assistant.",)  # OpenClaw's
+
+
+def is_summary(message: dict[str, Any]) -> bool:
+    """A compaction summary in place of older turns."""
+    return message.get("role") == "user" and _opens(message, SUMMARY_OPENINGS)
+
+
+def is_summariser_call(messages: list[dict[str, Any]]) -> bool:
+    """An agent asking the model to summarise its own history (compaction), not a user's turn."""
+    return bool(messages) and messages[0].get("role") in ("system", "developer") and _opens(messages[0], SUMMARISER_PROMPTS)
+
+
+def _opens(message: dict[str, Any], openings: tuple[str, ...]) -> bool:
+    return text_of(message.get("content"), "content").lstrip().startswith(openings)
 
 
 def fingerprint(message: dict[str, Any]) -> str:
@@ -75,13 +98,14 @@ class HistoryMatcher:
     def _compacted(self, tenant: str, messages: list[dict[str, Any]], fps: list[str]) -> Match | None:
         """The session a compacted request continues: the request's last assistant message is the
         session's last reply (what the user's new message answers), right after the message the
-        session's last request ended with, and the request starts with the same system prompt."""
+        session's last request ended with (or after a compaction summary), and the request starts
+        with the same system prompt."""
         j = next((i for i in range(len(messages) - 1, 0, -1) if messages[i].get("role") == "assistant"), None)
         owners = self._tails.get((tenant, fps[j])) if j is not None else None
         if not owners or len(owners) != 1:
             return None
         [(session_id, (system, before))] = owners.items()
-        if fps[j - 1] in before and (system is None or fps[0] == system):
+        if (fps[j - 1] in before or is_summary(messages[j - 1])) and (system is None or fps[0] == system):
             return Match(session_id, j + 1, compacted=True)
         return None
 

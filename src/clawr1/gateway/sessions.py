@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from clawr1.gateway.matcher import HistoryMatcher
+from clawr1.gateway.matcher import HistoryMatcher, is_summariser_call
 
 SESSION_KEY_PREFIX = "sk-clawr1-s-"  # per-session keys are recognisable, so an unknown one is refused
 
@@ -58,6 +58,8 @@ class SessionResolver:
         turn_type = headers.get("x-turn-type", "main").strip().lower()
         if turn_type not in ("main", "side"):
             turn_type = "main"
+        if is_summariser_call(messages):
+            turn_type = "side"  # the agent compacting its history: recorded, never trained
         done = headers.get("x-session-done", "").strip().lower() in ("1", "true", "yes")
         how: Literal["path", "header", "key", "matched", "compacted", "new"]
         if path_ids is not None:

@@ -2,7 +2,7 @@
 The HTML panels and `GET /dashboard/api/summary` render the same dictionary, so a number on the
 page is a number a script can read.
 
-Definitions (also in the README):
+Definitions (also in docs/gateway.md, The dashboard):
 - a version's *reward* is the mean reward of the main turns it served; the trainer's *batch reward*
   is the mean reward of the samples that trained it (served by earlier versions);
 - its *preference score* is the share of its judged turns whose next state approved the reply
