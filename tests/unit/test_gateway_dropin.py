@@ -151,3 +151,86 @@ def test_tls_settings_come_in_pairs_of_existing_files(tmp_path, certificate):
     missing = load_config(None, [f'gateway.tls_cert="{cert}"', f'gateway.tls_key="{tmp_path / "missing.pem"}"'])
     with pytest.raises(UnsafeBindError, match="does not exist"):  # where the gateway starts, not on load
         check_exposure(missing)
+
+
+def test_areal_key_style_session_reward_and_end(engine, tmp_path):
+    """AReaL's proxy rollout server protocol: `/rl/start_session` with the admin key, then the
+    agent's OpenAI calls (base URL without /v1), `/rl/set_reward` and `/rl/end_session`, all with
+    the session's key (the calls AReaL's client makes, with its payloads)."""
+    with live_gateway(engine, tmp_path, 'gateway.admin_key="areal-admin-key-0123"') as (base, pool):
+        admin = {"Authorization": "Bearer areal-admin-key-0123"}
+        started = [httpx.post(f"{base}/rl/start_session", json={"task_id": "math-1"}, headers=admin).json()
+                   for _ in range(2)]
+        assert [s["session_id"] for s in started] == ["math-1-0", "math-1-1"]  # AReaL's numbering per task
+        first, second = started
+        client = openai.OpenAI(base_url=base, api_key=first["api_key"])  # what AReaL's agents get: no /v1
+        one = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "1+1?"}], max_tokens=3)
+        two = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "2+2?"}], max_tokens=3)
+        key = {"Authorization": f"Bearer {first['api_key']}"}
+        assert httpx.post(f"{base}/rl/set_reward", json={"interaction_id": one.id, "reward": 1.0},
+                          headers=key).json()["message"] == "success"
+        assert httpx.post(f"{base}/rl/set_reward", json={"reward": -1.0}, headers=key).status_code == 200  # the last
+        # Another session's key cannot reward this session's interaction; an unknown one is a 400.
+        other = {"Authorization": f"Bearer {second['api_key']}"}
+        assert_error(httpx.post(f"{base}/rl/set_reward", json={"interaction_id": one.id, "reward": 1}, headers=other),
+                     400)
+        assert_error(httpx.post(f"{base}/rl/set_reward", json={"interaction_id": "chatcmpl-nope", "reward": 1},
+                                headers=key), 400)
+        assert_error(httpx.post(f"{base}/rl/set_reward", json={"reward": 5}, headers=key), 400)  # rewards are in [-1, 1]
+        ended = httpx.post(f"{base}/rl/end_session", headers=key)
+        assert ended.json() == {"message": "success", "interaction_count": 2}
+        assert_error(httpx.post(f"{base}/rl/end_session", headers=key), 410)  # AReaL: already ended
+        steps = {s.step_id: s for s in steps_of(pool, 2)}
+        assert {s.session_id for s in steps.values()} == {"math-1-0"}
+        rewards = {sid: pool.show(sid)["rewards"] for sid in (one.id + "-0", two.id + "-0")}
+        assert [r["score"] for r in rewards[one.id + "-0"] if r["source"] == "feedback"] == [1.0]
+        assert [r["score"] for r in rewards[two.id + "-0"] if r["source"] == "feedback"] == [-1.0]
+        # Starting needs the admin key (or an agent key): a session key cannot, nor can nobody when keys are set.
+        assert_error(httpx.post(f"{base}/rl/start_session", json={"task_id": "t"}, headers=key), 403)
+
+
+def test_areal_path_style_session_groups_a_tasks_sessions(engine, tmp_path):
+    """AReaL's `OpenAIProxyClientSession`: the session's base URL is `{base}/{session_id}/`, its
+    reward and end calls go under it; the sessions of one task are alternatives to one prompt."""
+    with live_gateway(engine, tmp_path) as (base, pool):
+        sessions = [httpx.post(f"{base}/rl/start_session", json={"task_id": "gsm-7"}).json()["session_id"]
+                    for _ in range(2)]
+        for session in sessions:
+            client = openai.OpenAI(base_url=f"{base}/{session}/", api_key="unused")
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "3+4?"}], max_tokens=3)
+            client.responses.create(model="m", input="5+6?", max_output_tokens=3)
+            assert httpx.post(f"{base}/{session}/rl/set_reward", json={"interaction_id": None, "reward": 1.0}
+                              ).status_code == 200
+            assert httpx.post(f"{base}/{session}/rl/end_session", json={}).json()["interaction_count"] == 2
+        steps = steps_of(pool, 4)
+        assert {(s.session_id, s.prompt_id) for s in steps} == {("gsm-7-0", "gsm-7"), ("gsm-7-1", "gsm-7")}
+        # The plain routes are untouched: /v1/chat/completions is no session called "v1".
+        httpx.post(f"{base}/v1/chat/completions", json={**ASK, "messages": [{"role": "user", "content": "hi"}]})
+        assert "v1" not in {s["session_id"] for s in pool.sessions()}
+
+
+def test_rllm_session_url_names_the_session(engine, tmp_path):
+    """rLLM's model gateway: the trainer creates a session (`POST /sessions`), the agent gets
+    `{gateway}/sessions/{id}/v1` as its base URL; every call lands in that one session, in order."""
+    with live_gateway(engine, tmp_path) as (base, pool):
+        created = httpx.post(f"{base}/sessions", json={"session_id": "rl-42", "metadata": {"task": "t"}})
+        assert created.json() == {"session_id": "rl-42"}
+        assert_error(httpx.post(f"{base}/sessions", json={"session_id": "rl-42"}), 409)
+        generated = httpx.post(f"{base}/sessions", json={}).json()["session_id"]
+        client = openai.OpenAI(base_url=f"{base}/sessions/rl-42/v1", api_key="EMPTY")
+        history = [{"role": "user", "content": "hi"}]
+        reply = client.chat.completions.create(model="m", messages=history, max_tokens=3)
+        history += [{"role": "assistant", "content": reply.choices[0].message.content},
+                    {"role": "user", "content": "and then?"}]
+        client.chat.completions.create(model="m", messages=history, max_tokens=3)
+        client.completions.create(model="m", prompt="Once upon", max_tokens=3)
+        openai.OpenAI(base_url=f"{base}/sessions/{generated}/v1", api_key="EMPTY").responses.create(
+            model="m", input="hello", max_output_tokens=3)
+        steps = sorted(steps_of(pool, 4), key=lambda s: (s.session_id, s.turn_index))
+        mine = [s for s in steps if s.session_id == "rl-42"]
+        assert [s.turn_index for s in mine] == [0, 1, 2] and len({s.prompt_id for s in mine}) == 3  # per turn
+        assert {s.session_id for s in steps} == {"rl-42", generated}
+        bad = httpx.post(f"{base}/sessions/{'x' * 300}/v1/chat/completions",
+                         json={**ASK, "messages": [{"role": "user", "content": "hi"}]})
+        assert_error(bad, 400)
+        assert pool.stats()["steps"] == 4

@@ -30,7 +30,18 @@ log = logging.getLogger(__name__)
 
 
 def create_app(engine: Engine, pool: DataPool, config: Config) -> FastAPI:
-    from clawr1.gateway import anthropic, chat, completions, dashboard, lifecycle, lightning, quality_routes, responses
+    from clawr1.gateway import (
+        anthropic,
+        areal,
+        chat,
+        completions,
+        dashboard,
+        lifecycle,
+        lightning,
+        quality_routes,
+        responses,
+        rllm,
+    )
 
     gateway = Gateway(engine, pool, config)
 
@@ -65,7 +76,9 @@ def create_app(engine: Engine, pool: DataPool, config: Config) -> FastAPI:
         ids = [config.engine.model] + [name for name in sorted(engine.adapters()) if name == mine]
         return {"object": "list", "data": [{"id": i, "object": "model", "created": 0, "owned_by": "clawr1"} for i in ids]}
 
+    app.include_router(rllm.router)  # first: `/sessions/{id}/v1/...` has the shape of `/{traj}/{prompt}/v1/...`
     app.include_router(chat.router)
+    app.include_router(areal.chat_router)  # before `/{traj}/{prompt}/completions`: see areal.py
     app.include_router(completions.router)
     app.include_router(lifecycle.router)
     app.include_router(quality_routes.router)
@@ -74,6 +87,7 @@ def create_app(engine: Engine, pool: DataPool, config: Config) -> FastAPI:
     app.include_router(lightning.router)
     app.include_router(metrics_router)
     app.include_router(dashboard.router)
+    app.include_router(areal.router)  # last: its /{session_id}/... routes must not shadow others
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

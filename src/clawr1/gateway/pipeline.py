@@ -99,10 +99,13 @@ class Wire(ABC):
         return JSONResponse(self.error_body(exc), status_code=exc.status)
 
 
-async def handle(request: Request, wire: Wire, path_ids: tuple[str, str] | None, bare: bool = False) -> Response:
+async def handle(request: Request, wire: Wire, path_ids: tuple[str, str] | None, bare: bool = False,
+                 session: str | None = None) -> Response:
     """The route handler every generation route calls: validation here, the rest in `Exchange`.
     `bare`: a route with path ids and no /v1 (`/{session}/{prompt}/chat/completions`), which would
-    also catch a /v1 URL under a prefix (`/api/v1/chat/completions`); an id "v1" is such a URL: 404."""
+    also catch a /v1 URL under a prefix (`/api/v1/chat/completions`); an id "v1" is such a URL: 404.
+    `session`: a session the URL names by itself (rLLM's `/sessions/{id}/v1`), taken as the
+    `X-Session-Id` header would be (its turns are numbered and grouped as any online session's)."""
     gw: Gateway = request.app.state.gateway
     try:
         if bare and path_ids is not None and "v1" in path_ids:
@@ -114,6 +117,8 @@ async def handle(request: Request, wire: Wire, path_ids: tuple[str, str] | None,
         body = await read_json(request, gw.config.gateway.max_body_bytes, gw.config.gateway.max_json_depth)
         req = validate(wire.request_model, body)
         headers = body_session_fields(body, {k.lower(): v for k, v in request.headers.items()})
+        if session is not None:
+            headers["x-session-id"] = session
         if headers.get("x-session-id") is not None:
             schema.check_id(headers["x-session-id"], "X-Session-Id")
         job = wire.prepare(gw, req, caller, headers, path_ids)
