@@ -56,6 +56,29 @@ def run(coro):
     return asyncio.run(coro)
 
 
+# Test tiers (markers): `integration` (the real embedded SmolLM2) and `system` (other processes and
+# services: Ray, PostgreSQL, Chromium, npm, whole `clawr1 up` / demo runs, trainer ranks, crash and
+# fault benchmarks, the fuzzer). The fast tier for the edit-test loop is everything else:
+#   .venv/bin/python -m pytest -q -m "not system and not integration" tests
+# `.ci/run` runs every tier.
+SYSTEM_MODULES = {
+    "test_ray", "test_postgres", "test_up", "test_up_server", "test_demo_run", "test_trainer_ranks",
+    "test_bench_crash", "test_bench_trainer", "test_bench_swap", "test_bench_gateway", "test_faults",
+    "test_clients", "test_dashboard", "test_schemathesis",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.fspath))
+        if "integration" in path.parts:
+            item.add_marker(pytest.mark.integration)
+        callspec = getattr(item, "callspec", None)
+        on_postgres = callspec is not None and callspec.params.get("open_test_pool") == "postgres"
+        if path.stem in SYSTEM_MODULES or on_postgres:
+            item.add_marker(pytest.mark.system)
+
+
 @pytest.fixture(scope="session")
 def postgres():
     """A PostgreSQL server for this test session (started on first use)."""
