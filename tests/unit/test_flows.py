@@ -98,6 +98,30 @@ def test_train_flow_groups_rollouts_closes_with_outcomes_and_trains(tiny_model_d
     assert all(not torch.equal(v1[name], v2[name]) for name in v1)  # the second step moved every matrix
 
 
+def test_train_flow_evaluates_heldout_tasks_per_version_as_side_turns(tiny_model_dir, tmp_path):
+    from clawr1.envs.families import generate
+
+    config = load_config(None, [f'data_dir="{tmp_path}"', f'engine.model="{tiny_model_dir}"', 'trainer.method="rl"',
+                                "trainer.lr=0.01", "trainer.micro_batch=4", "gateway.adapter_poll_s=0.05",
+                                "reward.poll_s=0.05"])
+    CoinEnv.counts.clear()
+    flow = ToolAgentFlow(config, max_turns=1, max_tokens=6, env_factory=lambda task: CoinEnv())
+    heldout = generate("file-chores", "heldout", n=8)  # one short tool: fits the tiny model's 512 tokens
+    result = train_flow(config, flow, TASKS, group=2, steps=3, concurrency=4, judge=NeverJudge(), heldout=heldout,
+                        eval_every=2)
+
+    assert [p["version"] for p in result.curve] == [0, 2, 3]  # before, every 2 versions, after the last
+    for point in result.curve:
+        assert [r["task_id"] for r in point["runs"]] == [t.id for t in heldout]
+        assert {r["version"] for r in point["runs"]} == {f"clawr1-v{point['version']}"}
+        assert 0 <= point["ci95"][0] <= point["success"] <= point["ci95"][1] <= 1
+        assert set(point["by_level"]) == {"file-chores L0", "file-chores L1", "file-chores L2"}
+    from clawr1.datapool import SQLitePool
+
+    with SQLitePool(tmp_path) as pool:
+        assert pool.stats()["consumed"] == 12  # only the 3 rounds' rollouts trained, never the evaluations
+
+
 def test_tool_agent_runs_tool_calls_until_a_final_answer():
     class ToolEnv(CoinEnv):
         def tools(self):
@@ -120,7 +144,8 @@ def test_tool_agent_runs_tool_calls_until_a_final_answer():
     def create(**kwargs):
         sent.append([dict(m) for m in kwargs["messages"]])
         assert kwargs["tools"] == env.tools()
-        return SimpleNamespace(choices=[SimpleNamespace(message=replies[len(sent) - 1])])
+        return SimpleNamespace(id=f"c-{len(sent)}", system_fingerprint="clawr1-v3",
+                               choices=[SimpleNamespace(message=replies[len(sent) - 1])])
 
     client = SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
     assert ToolAgentFlow(env_factory=lambda task: env).run(TASKS[0], client) == 1.0
@@ -128,6 +153,11 @@ def test_tool_agent_runs_tool_calls_until_a_final_answer():
     assert [m["role"] for m in sent[1]] == ["system", "user", "assistant", "tool"]
     assert sent[1][2]["tool_calls"][0]["id"] == "c1" and sent[1][3] == {"role": "tool", "tool_call_id": "c1",
                                                                         "content": "4"}
+    sent.clear()
+    episode = ToolAgentFlow(env_factory=lambda task: env).episode(TASKS[0], client)
+    assert (episode.outcome, episode.final, episode.turns, episode.tool_calls, episode.tool_errors) == \
+        (1.0, "It is 4.", 2, 1, 0)
+    assert (episode.last_id, episode.version) == ("c-2", "clawr1-v3")
     # max_turns bounds the model calls even when the model keeps calling tools.
     replies[1] = replies[0]
     sent.clear()

@@ -39,3 +39,20 @@ def test_rules_only_and_a_scripted_judge_report_every_number():
 def test_per_category_keeps_a_few_of_each():
     report = run(load_config(), Console(file=io.StringIO()), judges=["rules"], per_category=2)
     assert report["items"] == 14
+
+
+def test_env_labelled_tool_messages_carry_the_envs_own_verdicts():
+    from clawr1.bench.judge_tools import failed, items
+
+    labelled = items(per_split=4)
+    families = {i.id.rsplit("-", 4)[0] for i in labelled}
+    assert families >= {"arithmetic", "kv-chores", "search-answer", "multi-step", "file-chores"}
+    ok, bad = [i for i in labelled if i.id.endswith("-ok")], [i for i in labelled if i.id.endswith("-bad")]
+    assert all(i.label == 1 and i.category == "tool_success" for i in ok)  # every reference call succeeds
+    assert sum(i.label == -1 for i in bad) >= 0.9 * len(bad)  # nearly every broken call fails, by the env's word
+    assert all(i.next_state[0]["role"] == "tool" for i in labelled)
+    assert failed("terminal", "exit code: 127\nstderr:\nsh: sotrx: not found")
+    assert not failed("terminal", "exit code: 0") and failed("toolcall", "Error: no such key 'x'")
+    report = run(load_config(), Console(file=io.StringIO()), judges=["rules"], items=labelled)
+    rules = report["judges"]["rules only"]
+    assert rules["committed_accuracy"] == 1.0 and rules["by_rule"] >= len(bad) * 0.5  # rules catch the errors

@@ -47,13 +47,15 @@ class Outcome:
 
 
 def run(config: Config, console: Console | None = None, judges: Sequence[str | Judge] | None = None,
-        per_category: int | None = None) -> dict[str, Any]:
+        per_category: int | None = None, items: list[Item] | None = None, title: str = "Judge benchmark") -> dict[str, Any]:
     """Benchmark `judges` (names from `KNOWN`, or Judge objects; default: all available) and return
     the numbers, per judge, as printed. `per_category` keeps the first N turns of each category (a
-    quick run: the embedded LLM costs seconds of CPU prefill per vote)."""
+    quick run: the embedded LLM costs seconds of CPU prefill per vote). `items`: another labelled
+    set than the shipped one (`bench/judge_tools.py`)."""
     console = console or Console()
     wanted = list(judges) if judges is not None else list(KNOWN)
-    return asyncio.run(_bench(config, console, wanted, per_category))
+    items = _subset(items if items is not None else load_items("next_states"), per_category)
+    return asyncio.run(_bench(config, console, wanted, items, title))
 
 
 def _subset(items: list[Item], per_category: int | None) -> list[Item]:
@@ -68,11 +70,11 @@ def _subset(items: list[Item], per_category: int | None) -> list[Item]:
     return kept
 
 
-async def _bench(config: Config, console: Console, wanted: list[str | Judge], per_category: int | None) -> dict[str, Any]:
-    items = _subset(load_items("next_states"), per_category)
+async def _bench(config: Config, console: Console, wanted: list[str | Judge], items: list[Item],
+                 title: str) -> dict[str, Any]:
     m = votes_for(config)
     report: dict[str, Any] = {"items": len(items), "m": m, "judges": {}, "skipped": {}}
-    console.print(f"[bold]Judge benchmark[/bold]: {len(items)} turns, m={m} votes, "
+    console.print(f"[bold]{title}[/bold]: {len(items)} turns, m={m} votes, "
                   f"{sum(i.correction for i in items)} with a concrete correction")
     for entry in wanted:
         judge, engine = _make(entry, config, console, report)

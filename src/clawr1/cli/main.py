@@ -13,6 +13,7 @@ from rich.table import Table
 
 from clawr1.cli import export as export_cli
 from clawr1.cli import openclaw as openclaw_cli
+from clawr1.cli import tasks as tasks_cli
 from clawr1.cli import versions as versions_cli
 from clawr1.cli.roles import cmd_train, cmd_up, say
 from clawr1.core.config import Config, load_config, to_toml
@@ -136,6 +137,14 @@ def cmd_eval(args: argparse.Namespace, config: Config) -> int:
 
     base = args.base_url or f"{config.gateway.scheme}://{config.gateway.host}:{config.gateway.port}"
     key = args.api_key or (config.gateway.api_keys[0] if config.gateway.api_keys else "none")
+    if args.tasks:
+        args.max_tokens = args.max_tokens or 128
+        try:
+            return tasks_cli.eval_tasks(args, config, base, key)
+        except ValueError as exc:
+            err_console.print(f"[red]error:[/red] {exc}")
+            return 2
+    args.max_tokens = args.max_tokens or 64
     preferences = parse_preferences(args.preferences)
 
     async def measure():  # the client closes inside the loop that opened its connections
@@ -165,21 +174,24 @@ def cmd_eval(args: argparse.Namespace, config: Config) -> int:
 
 def cmd_train_flow(args: argparse.Namespace, config: Config) -> int:
     from clawr1.flows import load_flow
-    from clawr1.flows.rollouts import results_table, summary, task_set
+    from clawr1.flows.rollouts import results_table, summary
     from clawr1.flows.whitebox import train_flow
 
     try:
-        flow_class, tasks = load_flow(args.flow), task_set(args.tasks)
+        flow_class, tasks = load_flow(args.flow), tasks_cli.load(args.tasks, None, None, default_split="train")
+        heldout = tasks_cli.load(args.heldout, None, args.heldout_n) if args.heldout else None
     except (ValueError, TypeError) as exc:
         err_console.print(f"[red]error:[/red] {exc}")
         return 2
     flow = flow_class(config) if args.max_turns is None else flow_class(config, max_turns=args.max_turns)
     result = train_flow(config, flow, tasks, group=args.group, epochs=args.epochs, steps=args.steps,
-                        tasks_per_step=args.tasks_per_step, concurrency=args.concurrency, console=err_console)
+                        tasks_per_step=args.tasks_per_step, concurrency=args.concurrency, heldout=heldout,
+                        eval_every=args.eval_every, console=err_console)
     numbers = summary(result.rollouts)
     if args.json:
         print(json.dumps({"run_id": result.run_id, "version": result.version, "summary": numbers,
-                          "steps": result.steps, "rollouts": [r.as_dict() for r in result.rollouts]}))
+                          "steps": result.steps, "curve": result.curve,
+                          "rollouts": [r.as_dict() for r in result.rollouts]}))
     else:
         console.print(results_table(result.rollouts, f"train-flow {Path(args.flow).name} ({result.run_id})"))
         console.print(f"{len(result.steps)} optimizer steps, policy v{result.version}; {json.dumps(numbers)}")
@@ -282,7 +294,7 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
     else:  # judge, swap, latency: each module's run(config, console)
         import importlib
 
-        numbers = importlib.import_module(f"clawr1.bench.{args.what}").run(config, console)
+        numbers = importlib.import_module(f"clawr1.bench.{args.what.replace('-', '_')}").run(config, console)
     if args.json:
         print(json.dumps(numbers))
     return 0
@@ -378,17 +390,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenario", choices=["personal"], default="personal")
     p.add_argument("--base-url", help="the gateway (default: the config's gateway host and port)")
     p.add_argument("--api-key", help="an agent key (default: the first of gateway.api_keys)")
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, help="reply length cap (default 64; with --tasks 128)")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--preferences", help="the users' preferences, comma-separated (default short,no-bold,no-steps)")
+    tasks_cli.eval_arguments(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_eval)
+    tasks_cli.add_arguments(sub, _common)
 
     p = sub.add_parser("train-flow", help="white-box offline: G rollouts per task of a Python flow, GRPO, LoRA")
     _common(p)
     p.add_argument("flow", help="'tool-agent', package.module:Class or path/to/file.py:Class (an AgentFlow)")
-    p.add_argument("--tasks", required=True, help="a tasks JSONL file, or a shipped set: terminal, toolcall, swe")
+    p.add_argument("--tasks", required=True, help="a tasks JSONL file, a shipped set (terminal, toolcall, swe) or "
+                   "a task family (clawr1 tasks; family:NAME:heldout for its held-out split)")
     p.add_argument("--group", type=int, default=4, help="G: rollouts per task, one GRPO group (default 4)")
     p.add_argument("--epochs", type=int, default=1, help="passes over the tasks (default 1)")
     p.add_argument("--steps", type=int, help="exactly N rounds (one optimizer step each), cycling over the tasks")
@@ -397,6 +412,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-turns", type=int, help="tool-agent: model calls per rollout (default 8)")
     p.add_argument("--method", choices=["rl", "opd", "combine"], help="training objective (default combine)")
     p.add_argument("--prm-m", type=int, help="judge votes per intermediate turn")
+    p.add_argument("--heldout", help="tasks evaluated (side turns) at v0, every --eval-every versions and at the end: "
+                   "families (comma-separated, their held-out split; 'all'), a file or a set")
+    p.add_argument("--heldout-n", type=int, help="with family --heldout: tasks per family (default: the split's size)")
+    p.add_argument("--eval-every", type=int, default=4, help="with --heldout: versions between evaluations (default 4)")
     p.add_argument("--json", action="store_true", help="print the rollouts and step metrics as JSON")
     p.set_defaults(fn=cmd_train_flow)
 
@@ -440,7 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmarks that print side-by-side ratios")
     _common(p)
-    p.add_argument("what", choices=["engine", "pool", "gateway", "judge", "trainer", "swap", "latency", "scale",
+    p.add_argument("what", choices=["engine", "pool", "gateway", "judge", "judge-tools", "trainer", "swap", "latency", "scale",
                                       "crash"])
     p.add_argument("--max-tokens", type=int, default=64, help="engine: tokens per request")
     p.add_argument("--steps", type=int, default=20_000, help="pool: steps to write")

@@ -33,3 +33,9 @@ def arguments_value(arguments: Any) -> Any:
         except json.JSONDecodeError:
             return arguments
     return arguments
+
+
+def format_tool_call(name: str, arguments: Any) -> str:
+    """One tool call as the engine's convention writes it for models without native tools (the
+    Hermes/Qwen format): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`."""
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments_value(arguments)}) + "</tool_call>"

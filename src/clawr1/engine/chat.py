@@ -16,7 +16,7 @@ import re
 import uuid
 from typing import Any
 
-from clawr1.core.messages import arguments_value, text_of
+from clawr1.core.messages import arguments_value, format_tool_call, text_of
 from clawr1.core.types import InvalidRequestError, ParsedCompletion, ToolCall
 
 TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
@@ -28,10 +28,6 @@ To call a function, answer with only one line per call:
 <tool_call>{{"name": "<function name>", "arguments": {{<JSON arguments>}}}}</tool_call>"""
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
-
-
-def format_tool_call(name: str, arguments: Any) -> str:
-    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments_value(arguments)}) + "</tool_call>"
 
 
 class ChatFormat:

@@ -8,6 +8,7 @@ session, and its tool results are that turn's next state, which the reward worke
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from clawr1.core.config import Config
@@ -33,17 +34,25 @@ class ToolAgentFlow(AgentFlow):
         self.env_factory = env_factory or env_for(self.config)
 
     def run(self, task: Task, client: openai.OpenAI) -> float | None:
+        return self.episode(task, client).outcome
+
+    def episode(self, task: Task, client: openai.OpenAI) -> Episode:
+        """One rollout of `task`, with what an evaluation reads besides the outcome."""
+        calls_made = errors = turns = 0
         with self.env_factory(task) as env:
             messages: list[dict[str, Any]] = [{"role": "system", "content": env.system},
                                               {"role": "user", "content": env.reset(task)}]
             tools = env.tools() or None
             final: str | None = None
+            response = None
             for _ in range(self.max_turns):
                 extra: dict[str, Any] = {"tools": tools} if tools else {}
                 if self.max_tokens:
                     extra["max_tokens"] = self.max_tokens
-                reply = client.chat.completions.create(model=self.model, messages=messages,
-                                                       temperature=self.temperature, **extra).choices[0].message
+                response = client.chat.completions.create(model=self.model, messages=messages,
+                                                          temperature=self.temperature, **extra)
+                turns += 1
+                reply = response.choices[0].message
                 final = reply.content
                 calls = reply.tool_calls or []
                 message: dict[str, Any] = {"role": "assistant", "content": reply.content or ""}
@@ -54,6 +63,23 @@ class ToolAgentFlow(AgentFlow):
                 if not calls:
                     break
                 for call in calls:
-                    messages.append({"role": "tool", "tool_call_id": call.id,
-                                     "content": env.call(call.function.name, call.function.arguments)})
-            return env.outcome(final)
+                    result = env.call(call.function.name, call.function.arguments)
+                    calls_made, errors = calls_made + 1, errors + result.startswith("Error")
+                    messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+            return Episode(outcome=env.outcome(final), final=final or "", turns=turns, tool_calls=calls_made,
+                           tool_errors=errors, last_id=response.id if response else "",
+                           version=(response.system_fingerprint or "") if response else "")
+
+
+@dataclass(frozen=True)
+class Episode:
+    """A rollout's outcome and its traces: the final answer, model calls, tool calls and how many
+    of them came back as errors, and the last completion's id and policy version."""
+
+    outcome: float
+    final: str
+    turns: int
+    tool_calls: int
+    tool_errors: int
+    last_id: str
+    version: str

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import openai
@@ -31,6 +31,7 @@ from clawr1.core.config import Config
 from clawr1.core.records import POLICY
 from clawr1.envs.base import Task
 from clawr1.flows.base import AgentFlow
+from clawr1.flows.evaluate import TaskEval, evaluate_tasks, grouped
 from clawr1.flows.rollouts import NO_KEY, Rollout, RolloutResult, close_session, new_run_id, plan, rollout_url
 from clawr1.flows.serving import Served, serve_in_process, wait_judged
 from clawr1.reward.types import Judge
@@ -46,6 +47,7 @@ class TrainFlowResult:
     rollouts: list[RolloutResult] = field(default_factory=list)
     steps: list[dict[str, Any]] = field(default_factory=list)  # the trainer's metrics per step
     version: int = 0  # the newest policy version published
+    curve: list[dict[str, Any]] = field(default_factory=list)  # held-out success and sane rate per version evaluated
 
 
 def rounds_of(tasks: list[Task], epochs: int, steps: int | None, tasks_per_step: int | None) -> list[list[Task]]:
@@ -89,6 +91,7 @@ def wait_served(served: Served, version: int) -> None:
 def train_flow(config: Config, flow: AgentFlow, tasks: list[Task], *, group: int = 4, epochs: int = 1,
                steps: int | None = None, tasks_per_step: int | None = None, concurrency: int = 8,
                judge: Judge | None = None, judge_timeout_s: float = 600.0,
+               heldout: list[Task] | None = None, eval_every: int = 4,
                console: Console | None = None) -> TrainFlowResult:
     """Roll out, judge and train, round by round (see the module docstring).
 
@@ -99,6 +102,8 @@ def train_flow(config: Config, flow: AgentFlow, tasks: list[Task], *, group: int
         tasks_per_step: tasks per round (default all).
         concurrency: rollouts running at once.
         judge: replaces the configured judge (tests).
+        heldout: tasks evaluated (as side turns, never trained) before the first round, every
+            `eval_every` versions and after the last: the curve, with the base's runs as reference.
     Returns:
         Every rollout's result, the trainer's metrics per step, the newest version.
     """
@@ -119,6 +124,7 @@ def train_flow(config: Config, flow: AgentFlow, tasks: list[Task], *, group: int
         with console.status("Loading the trainer's policy ..."):
             trainer = Trainer(train_config, served.pool)
         wait_served(served, trainer.version)  # a resumed run continues from its newest version
+        reference = _evaluate(served, heldout, None, result, console) if heldout else None
         with Progress(console=console, transient=True) as progress, ThreadPoolExecutor(max(1, concurrency)) as pool:
             for n, round_tasks in enumerate(rounds, 1):
                 rollouts = plan(round_tasks, group, result.run_id, n)
@@ -143,5 +149,24 @@ def train_flow(config: Config, flow: AgentFlow, tasks: list[Task], *, group: int
                               f"{sum(mean) / len(mean) if mean else float('nan'):+.2f}; v{metrics['version']}: "
                               f"{metrics['lease']} samples, loss {metrics['loss']:+.4f}, {metrics['total_s']:.1f} s")
                 wait_served(served, metrics["version"])
+                if heldout and (metrics["version"] % eval_every == 0 or n == len(rounds)):
+                    _evaluate(served, heldout, reference, result, console)
         trainer.close()
     return result
+
+
+def _evaluate(served: Served, tasks: list[Task], reference: TaskEval | None, result: TrainFlowResult,
+              console: Console) -> TaskEval:
+    """One point of the held-out curve, printed and appended to `result.curve`."""
+    evaluation = evaluate_tasks(served.root, served.api_key or NO_KEY, tasks, reference=reference)
+    numbers = grouped(evaluation.served)
+    point = {"version": result.version, "success": numbers["success"], "ci95": numbers["ci95"],
+             "sane_rate": numbers["sane_rate"], "tool_error_share": numbers["tool_error_share"],
+             "by_family": {f: s["success"] for f, s in numbers["by_family"].items()},
+             "by_level": {f: s["success"] for f, s in numbers["by_level"].items()},
+             "quality_error": evaluation.quality_error, "runs": [asdict(r) for r in evaluation.served]}
+    result.curve.append(point)
+    sane = "-" if point["sane_rate"] is None else f"{point['sane_rate']:.2f}"
+    console.print(f"held-out v{result.version}: success {point['success']:.2f} "
+                  f"[{point['ci95'][0]:.2f}, {point['ci95'][1]:.2f}] over {numbers['n']} tasks, sane {sane}")
+    return evaluation

@@ -1,0 +1,71 @@
+"""Generated task families: every reference solution passes its checker, doing nothing does not,
+and the held-out split shares no template and no prompt with the training split."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clawr1.envs import make_env
+from clawr1.envs.base import Task
+from clawr1.envs.families import FAMILIES, generate
+from clawr1.flows.rollouts import task_set
+
+TOOLCALL = [name for name, fam in FAMILIES().items() if fam.env == "toolcall"]
+
+
+def replay(task: Task, *, calls: bool = True, answer: str | None = None) -> float:
+    """The task's outcome after its reference calls (or none) and its answer (or the reference's)."""
+    solution = task.meta["solution"]
+    with make_env(task.env) as env:
+        env.reset(task)
+        for call in solution["calls"] if calls else []:
+            reply = env.call(call["name"], json.dumps(call["arguments"]))
+            assert not reply.startswith("Error"), (task.id, call, reply)
+        return env.outcome(solution["answer"] if answer is None else answer)
+
+
+@pytest.mark.parametrize("family", TOOLCALL)
+@pytest.mark.parametrize("split", ["train", "heldout"])
+def test_every_generated_task_is_solved_by_its_reference_and_not_without_it(family: str, split: str) -> None:
+    tasks = generate(family, split)
+    assert len(tasks) >= (100 if split == "train" else 40)
+    for task in tasks:
+        assert replay(task) == 1.0, task
+        assert replay(task, calls=False, answer="I don't know.") == -1.0, task
+
+
+@pytest.mark.parametrize("split", ["train", "heldout"])
+def test_file_chores_are_solved_by_their_command_and_not_without_it(split: str) -> None:
+    tasks = generate("file-chores", split, n=24)  # the sandbox costs ~0.1 s a command; 24 covers every chore
+    assert {t.meta["template"] for t in tasks} == {t.meta["template"] for t in generate("file-chores", split)}
+    for task in tasks:
+        assert replay(task) == 1.0, task
+        assert replay(task, calls=False) == -1.0, task
+
+
+@pytest.mark.parametrize("family", list(FAMILIES()))
+def test_the_heldout_split_shares_no_template_or_prompt_with_training(family: str) -> None:
+    train, heldout = generate(family, "train"), generate(family, "heldout")
+    assert not {t.meta["template"] for t in train} & {t.meta["template"] for t in heldout}
+    assert not {t.prompt for t in train} & {t.prompt for t in heldout}
+    assert len({t.prompt for t in train}) > 0.5 * len(train), "templates x seeds should rarely repeat a prompt"
+    assert {t.meta["level"] for t in heldout} == {0, 1, 2}
+
+
+def test_generation_is_deterministic_and_the_seed_changes_it() -> None:
+    assert generate("arithmetic", n=10) == generate("arithmetic", n=10)
+    assert [t.prompt for t in generate("arithmetic", n=10, seed=1)] != [t.prompt for t in generate("arithmetic", n=10)]
+
+
+def test_task_set_reads_families_by_name_and_spec() -> None:
+    assert task_set("word-problems") == generate("word-problems", "train")
+    assert task_set("family:word-problems:heldout") == generate("word-problems", "heldout")
+    assert task_set("word-problems", split="heldout") == generate("word-problems", "heldout")
+    with pytest.raises(ValueError, match="unknown split"):
+        task_set("family:arithmetic:test")
+    with pytest.raises(ValueError, match="applies to task families"):
+        task_set("toolcall", split="heldout")
+    with pytest.raises(ValueError, match="unknown task family"):
+        generate("nope")
