@@ -51,6 +51,23 @@ def engine(tiny_model_dir: Path):
     asyncio.run(engine.close())
 
 
+@pytest.fixture
+def pool_later(monkeypatch):
+    """`pool_later(s)`: the data pool's clock (`datapool.ops.clock`) jumps `s` seconds ahead and runs
+    on from there: lease expiry and judge back-off without sleeping."""
+    import time
+
+    from clawr1.datapool import ops
+
+    offset = [0.0]
+    monkeypatch.setattr(ops, "clock", lambda: time.time() + offset[0])
+
+    def advance(seconds: float) -> None:
+        offset[0] += seconds
+
+    return advance
+
+
 def run(coro):
     """Run a coroutine to completion (tests stay plain functions)."""
     return asyncio.run(coro)

@@ -256,7 +256,7 @@ def test_a_pool_from_before_session_keys_is_upgraded(tmp_path):
         assert pool.stats()["sessions"] == 2
 
 
-def test_the_judge_gets_unjudged_turns_by_shard_retries_failures_and_gives_up(pool):
+def test_the_judge_gets_unjudged_turns_by_shard_retries_failures_and_gives_up(pool, pool_later):
     import time
 
     from clawr1.datapool.schema import shard_key
@@ -281,9 +281,9 @@ def test_the_judge_gets_unjudged_turns_by_shard_retries_failures_and_gives_up(po
     assert sample["judge_gave_up_at"] is not None and sample["judge_retry_at"] is None
     assert "s0-0" not in pool.unjudged()
 
-    assert pool.judge_failed("s1-0", "RuntimeError: once", 3, 0.05) is False
+    assert pool.judge_failed("s1-0", "RuntimeError: once", 3, 60.0) is False
     assert "s1-0" not in pool.unjudged()
-    time.sleep(0.1)
+    pool_later(61)
     assert "s1-0" in pool.unjudged()  # its retry time came
 
     pool.add_reward(Reward(step_id="s0-0", score=1.0, source="feedback"))  # a give-up does not block feedback

@@ -1,9 +1,8 @@
 """The training queue: leases, acks, expiry, staleness and the fresh/off-policy mix.
 
-Real pools on both backends (a SQLite file, a PostgreSQL server); no mocks. Expiry uses a real 0.05 s lease.
+Real pools on both backends (a SQLite file, a PostgreSQL server); no mocks. Expiry moves the
+pool's clock (the `pool_later` fixture) instead of sleeping.
 """
-
-import time
 
 import pytest
 
@@ -58,12 +57,14 @@ def test_a_double_ack_is_harmless(open_pool):
             pool.ack("no-such-lease")
 
 
-def test_an_expired_lease_returns_its_samples(open_pool):
-    with open_pool(lease_seconds=0.05) as pool:
+def test_an_expired_lease_returns_its_samples(open_pool, pool_later):
+    with open_pool(lease_seconds=60) as pool:
         ids = ready_steps(pool, 5)
         crashed = pool.lease(5)  # a trainer takes them, then dies without acking
         assert pool.stats()["leased"] == 5
-        time.sleep(0.1)
+        pool_later(59)
+        assert pool.expire_leases() == 0  # not yet
+        pool_later(2)
         assert pool.expire_leases() == 5
         assert pool.stats()["ready"] == 5
         retry = pool.lease(3)
@@ -74,14 +75,14 @@ def test_an_expired_lease_returns_its_samples(open_pool):
         assert pool.stats()["consumed"] == 5
 
 
-def test_lease_expiry_is_applied_by_lease_and_ack_too(open_pool):
-    with open_pool(lease_seconds=0.05) as pool:
+def test_lease_expiry_is_applied_by_lease_and_ack_too(open_pool, pool_later):
+    with open_pool(lease_seconds=60) as pool:
         ready_steps(pool, 2)
         first = pool.lease(2)
-        time.sleep(0.1)
+        pool_later(61)
         again = pool.lease(2)  # no explicit expire_leases(): lease() sweeps first
         assert set(again.step_ids) == set(first.step_ids)
-        time.sleep(0.1)
+        pool_later(61)
         assert pool.ack(again) == 2  # expired but not leased again: still consumed, once
         assert pool.ack(first) == 0
 

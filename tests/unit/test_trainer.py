@@ -140,8 +140,8 @@ def test_crash_after_checkpoint_before_ack_trains_nothing_twice(tiny_model_dir, 
         assert pool.stats()["consumed"] == 6
 
 
-def test_crash_before_checkpoint_returns_the_samples(tiny_model_dir, tmp_path, generations, monkeypatch):
-    config = config_for(tiny_model_dir, tmp_path, "pool.lease_seconds=0.2")
+def test_crash_before_checkpoint_returns_the_samples(tiny_model_dir, tmp_path, generations, monkeypatch, pool_later):
+    config = config_for(tiny_model_dir, tmp_path, "pool.lease_seconds=60")
     with SQLitePool(tmp_path, config.pool) as pool:
         fill(pool, generations[:3])
         trainer = Trainer(config, pool)
@@ -149,14 +149,11 @@ def test_crash_before_checkpoint_returns_the_samples(tiny_model_dir, tmp_path, g
         def crash(*args, **kwargs):
             raise SystemExit("killed before the checkpoint")
 
-        monkeypatch.setattr(checkpoint, "save", crash)
-        with pytest.raises(SystemExit):
+        with monkeypatch.context() as patch, pytest.raises(SystemExit):
+            patch.setattr(checkpoint, "save", crash)
             trainer.run_once()
-        monkeypatch.undo()
         assert pool.stats()["leased"] == 3
-        import time
-
-        time.sleep(0.3)
+        pool_later(61)
         resumed = Trainer(config, pool)  # no checkpoint: starts from scratch, keeps the published number
         assert resumed.version == 1 and resumed.step_count == 0
         metrics = resumed.run_once()  # the expired lease's samples came back

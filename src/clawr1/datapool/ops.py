@@ -48,6 +48,12 @@ BETWEEN coalesce((SELECT max(p.turn_index) FROM samples p
                   WHERE n.tenant = b.tenant AND n.session_id = b.session_id AND n.turn_index > b.hi), b.hi)"""
 
 
+def clock() -> float:
+    """The pool's clock (wall time), read through this one name so that a test moves time by
+    replacing it instead of sleeping."""
+    return time.time()
+
+
 def _with_rows(conn: sqlite3.Connection, sql: str, one_row: str, rows: list[tuple]) -> list[tuple]:
     """Run `sql`, its `{rows}` a VALUES list of `one_row` groups, over `rows` in as few statements
     as the parameter limit allows; returns the rows the statements return."""
@@ -174,7 +180,7 @@ def add_reward(conn: sqlite3.Connection, reward: Reward) -> None:
     # The latest reward wins while the sample waits; once leased or later, it is history only.
     if _outranked(conn, reward):
         return
-    now = time.time()
+    now = clock()
     if reward.score != 0:
         conn.execute("UPDATE samples SET reward = ?, updated_at = ?, status = 'ready', "
                      "ready_at = CASE WHEN status = 'ready' THEN ready_at ELSE ? END "  # keeps its place in line
@@ -247,7 +253,7 @@ def add_hint(conn: sqlite3.Connection, hint: Hint) -> None:
 
 def mark_ready(conn: sqlite3.Connection, step_id: str) -> bool:
     _require_step(conn, step_id)
-    now = time.time()
+    now = clock()
     return conn.execute("UPDATE samples SET status = 'ready', ready_at = ?, updated_at = ? "
                         "WHERE step_id = ? AND status = 'pending'", (now, now, step_id)).rowcount == 1
 
@@ -259,7 +265,7 @@ def judge_failed(conn: sqlite3.Connection, step_id: str, error: str, max_attempt
     row = conn.execute("SELECT judge_attempts FROM samples WHERE step_id = ?", (step_id,)).fetchone()
     if row is None:
         raise UnknownStepError(step_id)
-    attempts, now = row[0] + 1, time.time()
+    attempts, now = row[0] + 1, clock()
     gave_up = attempts >= max_attempts
     conn.execute("UPDATE samples SET judge_attempts = ?, judge_error = ?, judge_retry_at = ?, judge_gave_up_at = ?, "
                  "updated_at = ? WHERE step_id = ?",
@@ -281,7 +287,7 @@ def close_session(conn: sqlite3.Connection, tenant: str, session_id: str, outcom
         raise UnknownSessionError(f"{tenant}/{session_id}")
     if row[0] == "closed":
         return False
-    now = time.time()
+    now = clock()
     conn.execute("UPDATE sessions SET status = 'closed', closed_at = ?, updated_at = ?, outcome_reward = ? "
                  "WHERE tenant = ? AND session_id = ?", (now, now, outcome, *key))
     data: dict[str, object] = {"reason": reason, "outcome_reward": outcome}
@@ -306,7 +312,7 @@ def close_session(conn: sqlite3.Connection, tenant: str, session_id: str, outcom
 
 def open_session(conn: sqlite3.Connection, tenant: str, session_id: str, key_hash: str | None) -> bool:
     """Create a session before its first step (e.g. one with its own API key); False if it existed."""
-    now = time.time()
+    now = clock()
     created = conn.execute("INSERT INTO sessions (tenant, session_id, status, created_at, updated_at, key_hash) "
                            "VALUES (?, ?, 'open', ?, ?, ?) ON CONFLICT DO NOTHING",
                            (tenant, session_id, now, now, key_hash)).rowcount == 1
@@ -355,7 +361,7 @@ def add_feedback(conn: sqlite3.Connection, tenant: str, session_id: str | None, 
                  completion_id: str | None, score: float | None, correction: str | None) -> list[str]:
     """Explicit feedback: a reward (source `feedback`) and/or a hint for each step it names."""
     step_ids = feedback_steps(conn, tenant, session_id, turn_index, completion_id)
-    now = time.time()
+    now = clock()
     for step_id in step_ids:
         if score is not None:
             add_reward(conn, Reward(step_id=step_id, score=score, source="feedback", evidence=correction or "",
@@ -382,7 +388,7 @@ ORDER BY policy_version DESC, ready_at LIMIT ?{lock}"""
 
 def lease(conn: sqlite3.Connection, lease_id: str, n: int, max_staleness: int, current_version: int,
           config: PoolConfig, tenant: str | None = None) -> Lease:
-    now = time.time()
+    now = clock()
     expire_leases(conn, now)
     floor = current_version - max_staleness
     # Staleness is measured against the version of the adapter being trained: with per-tenant
@@ -415,7 +421,7 @@ def lease(conn: sqlite3.Connection, lease_id: str, n: int, max_staleness: int, c
 
 
 def ack(conn: sqlite3.Connection, lease_id: str) -> int:
-    now = time.time()
+    now = clock()
     expire_leases(conn, now)
     row = conn.execute("SELECT state FROM leases WHERE lease_id = ?", (lease_id,)).fetchone()
     if row is None:
@@ -444,7 +450,7 @@ def hold_out(conn: sqlite3.Connection, tenant: str | None, n: int) -> list[str]:
             earliest[session_id] = (step_id, turn)
     chosen = [step_id for step_id, _ in sorted(earliest.values(), key=lambda v: v[1])][:n]  # stable: recency
     chosen += [step_id for step_id, _, _ in rows if step_id not in chosen][: n - len(chosen)]
-    now = time.time()
+    now = clock()
     for step_id in chosen:
         conn.execute("UPDATE samples SET status = 'dropped', reason = 'probe', updated_at = ? WHERE step_id = ?",
                      (now, step_id))
@@ -454,4 +460,4 @@ def hold_out(conn: sqlite3.Connection, tenant: str | None, n: int) -> list[str]:
 def record_version(conn: sqlite3.Connection, adapter: str, version: int, status: str, reason: str,
                    scores: dict[str, Any]) -> None:
     conn.execute("INSERT INTO policy_versions (adapter, version, status, reason, scores, decided_at) "
-                 "VALUES (?, ?, ?, ?, ?, ?)", (adapter, version, status, reason, json.dumps(scores), time.time()))
+                 "VALUES (?, ?, ?, ?, ?, ?)", (adapter, version, status, reason, json.dumps(scores), clock()))

@@ -9,7 +9,6 @@ PostgreSQL) may use the same database: its locks serialise their write transacti
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from abc import abstractmethod
 from collections.abc import Iterable
@@ -97,7 +96,7 @@ class SQLPool(DataPool):
         return self._writer.run(partial(ops.open_session, tenant=tenant, session_id=session_id, key_hash=key_hash))
 
     def close_idle(self, idle_s: float, keep: Iterable[tuple[str, str]] = ()) -> list[tuple[str, str]]:
-        return self._writer.run(partial(ops.close_idle, idle_before=time.time() - idle_s, keep=set(keep)))
+        return self._writer.run(partial(ops.close_idle, idle_before=ops.clock() - idle_s, keep=set(keep)))
 
     def add_feedback(self, *, tenant: str = DEFAULT_TENANT, session_id: str | None = None,
                      turn_index: int | None = None, completion_id: str | None = None,
@@ -158,7 +157,7 @@ class SQLPool(DataPool):
         return self._writer.run(partial(ops.ack, lease_id=lease))
 
     def expire_leases(self) -> int:
-        return self._writer.run(lambda conn: ops.expire_leases(conn, time.time()))
+        return self._writer.run(lambda conn: ops.expire_leases(conn, ops.clock()))
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -188,7 +187,7 @@ class SQLPool(DataPool):
         index, count = shard
         if not 0 <= index < count:
             raise ValueError(f"shard must be (i, n) with 0 <= i < n, got {shard}")
-        return self._read(queries.unjudged, limit, (index, count), time.time())
+        return self._read(queries.unjudged, limit, (index, count), ops.clock())
 
     def pending_writes(self) -> int:
         return self._writer.pending()
