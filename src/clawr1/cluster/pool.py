@@ -15,14 +15,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from clawr1.core.records import Reward, Step
-from clawr1.datapool.base import DataPool
-
-# Every other method of the contract goes to the service as it is.
-_FORWARDED = ("close_session", "open_session", "close_idle", "add_feedback", "add_hint", "judge_failed", "mark_ready",
-              "lease", "ack", "expire_leases", "get_steps", "last_turn", "session_by_key", "ready_state",
-              "ready_tenants", "hints", "unjudged", "stats", "sessions", "samples", "versions", "lease_ready_times",
-              "show", "export", "hold_out", "record_version", "policy_versions", "check_writable")
-
+from clawr1.datapool.base import DataPool, PoolQueue, PoolReadModel
 
 class _RayPoolBase(DataPool):
     def __init__(self, actor: Any):
@@ -75,5 +68,9 @@ def _forward(name: str) -> Any:
     return method
 
 
+# Every other method of the two contracts goes to the service as it is: the queue's (the gateway,
+# the judges, the trainer) and the read model's (the dashboard, the CLI).
+_FORWARDED = tuple(sorted((PoolQueue.__abstractmethods__ | PoolReadModel.__abstractmethods__
+                           | {"check_writable"}) - set(vars(_RayPoolBase))))
 RayPool = type("RayPool", (_RayPoolBase,), {name: _forward(name) for name in _FORWARDED})
 RayPool.__doc__ = "`DataPool` over the pool service actor."

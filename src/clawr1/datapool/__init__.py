@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 from clawr1.datapool.base import (
     DataPool,
     PoolFullError,
+    PoolQueue,
+    PoolReadModel,
     UnknownLeaseError,
     UnknownSessionError,
     UnknownStepError,
@@ -40,6 +42,8 @@ __all__ = [
     "POOL_FILE",
     "DataPool",
     "PoolFullError",
+    "PoolQueue",
+    "PoolReadModel",
     "SQLitePool",
     "UnknownLeaseError",
     "UnknownSessionError",

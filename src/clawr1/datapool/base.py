@@ -1,4 +1,6 @@
-"""The data pool's contract: the few methods the gateway, the reward stage and the trainer use.
+"""The data pool's contracts: `PoolQueue`, the writes and the training queue the gateway, the
+reward stage, the guard and the trainer use; `PoolReadModel`, the reads of the dashboard, the CLI
+and export; `DataPool`, both over one database.
 
 SQLite (`SQLitePool`) is the embedded implementation; a Ray actor or another database can stand
 behind the same methods later. Writes return after they are durable, never before: a `True` from
@@ -8,10 +10,11 @@ behind the same methods later. Writes return after they are durable, never befor
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Literal, Self
 
 from clawr1.core.records import DEFAULT_TENANT, Hint, Lease, Reward, Step
 
@@ -61,8 +64,9 @@ class ExportFilter:
                 raise ValueError(f"export filter: {name} must be >= 0")
 
 
-class DataPool(ABC):
-    """Durable event log of steps, rewards, hints and session events, and the training queue.
+class PoolQueue(ABC):
+    """The write-and-queue contract the gateway, the judges, the guard and the trainer use: a
+    durable event log of steps, rewards, hints and session events, and the training queue.
 
     A main-turn step becomes a sample (PENDING); a non-zero reward (or `mark_ready`) makes it
     READY; `lease` hands READY samples to a trainer (LEASED); `ack` consumes them (CONSUMED); an
@@ -180,11 +184,6 @@ class DataPool(ABC):
         `pinned` / `rolled_back`), with why and the scores it was based on."""
 
     @abstractmethod
-    def policy_versions(self, adapter: str | None = None) -> list[dict[str, Any]]:
-        """Every recorded decision (of one adapter or all), oldest first: `adapter`, `version`,
-        `status`, `reason`, `scores`, `decided_at`."""
-
-    @abstractmethod
     def mark_ready(self, step_id: str) -> bool:
         """Make a PENDING sample READY (e.g. a hint-only sample for distillation); False if it was
         not pending or the step is a side turn."""
@@ -263,6 +262,22 @@ class DataPool(ABC):
         return None
 
     @abstractmethod
+    def close(self) -> None:
+        """Finish queued writes and release the database."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class PoolReadModel(ABC):
+    """The read model the dashboard, the CLI and export use: counts, listings, one step or session
+    in full, the guard's decision log, training sets. Nothing on a request's or a training step's
+    path reads through it."""
+
+    @abstractmethod
     def stats(self, tenant: str | None = None) -> dict[str, Any]:
         """Counts: sessions, steps, rewards, hints, samples by status, drops by reason, leases; and
         `db_bytes`, the pool's size on disk. With `tenant`, that tenant's counts only."""
@@ -303,11 +318,11 @@ class DataPool(ABC):
         Atomic: nothing appears at `path` until the export is complete."""
 
     @abstractmethod
-    def close(self) -> None:
-        """Finish queued writes and release the database."""
+    def policy_versions(self, adapter: str | None = None) -> list[dict[str, Any]]:
+        """Every recorded decision (of one adapter or all), oldest first: `adapter`, `version`,
+        `status`, `reason`, `scores`, `decided_at`."""
 
-    def __enter__(self) -> DataPool:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+class DataPool(PoolQueue, PoolReadModel):
+    """A whole pool: the queue contract and the read model over one database (`SQLitePool`,
+    `PostgresPool`, the Ray deployment's `RayPool`)."""

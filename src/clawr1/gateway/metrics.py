@@ -32,7 +32,7 @@ from clawr1.core.types import Generation, TokenEvent
 from clawr1.gateway.errors import APIError
 
 if TYPE_CHECKING:
-    from clawr1.datapool.base import DataPool
+    from clawr1.datapool.base import PoolQueue
     from clawr1.engine.base import GenerationStream
     from clawr1.gateway.service import Gateway
     from clawr1.reward.worker import RewardWorker
@@ -95,7 +95,7 @@ class GatewayMetrics:
     def timed(self, stream: GenerationStream) -> TimedStream:
         return TimedStream(stream, self.ttft, time.perf_counter())
 
-    def refresh_pool(self, pool: DataPool) -> None:
+    def refresh_pool(self, pool: PoolQueue) -> None:
         """The pool's levels that need a read (called off the event loop, once per scrape)."""
         count, oldest = pool.ready_state()
         self.ready.set(count)

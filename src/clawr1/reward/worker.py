@@ -22,7 +22,7 @@ import logging
 
 from clawr1.core.config import Config
 from clawr1.core.records import Hint, Reward, Step
-from clawr1.datapool.base import DataPool
+from clawr1.datapool.base import PoolQueue
 from clawr1.engine.base import Engine
 from clawr1.reward.factory import make_judge, votes_for
 from clawr1.reward.types import Judge, Judgement
@@ -32,10 +32,10 @@ MAX_ERROR_CHARS = 500  # of a failed attempt's error kept on the sample: enough 
 
 
 class RewardWorker:
-    def __init__(self, pool: DataPool, engine: Engine | None, config: Config, judge: Judge | None = None,
+    def __init__(self, pool: PoolQueue, engine: Engine | None, config: Config, judge: Judge | None = None,
                  shard: tuple[int, int] = (0, 1)):
         """`shard = (i, n)`: with n workers on one pool (Ray judge actors), this one judges the
-        turns of shard i (`DataPool.unjudged`), so no turn is judged twice."""
+        turns of shard i (`PoolQueue.unjudged`), so no turn is judged twice."""
         self.pool, self.config, self.engine = pool, config, engine
         self.shard = shard
         self.judge = judge  # built in `run`, off the event loop: serving starts without waiting for it

@@ -22,7 +22,7 @@ import torch
 
 from clawr1.core.config import Config, TrainerConfig, public_dump
 from clawr1.core.records import adapter_name
-from clawr1.datapool.base import DataPool
+from clawr1.datapool.base import PoolQueue
 from clawr1.engine import adapters
 from clawr1.engine.models import resolve_model
 from clawr1.trainer import checkpoint, guarded, history, sharded
@@ -39,7 +39,7 @@ class Trainer:
     tenant's own adapter on that tenant's samples only. Per-tenant trainers share one `Policy`
     (one base model, an adapter each) and keep their own optimizer, checkpoint, versions and log."""
 
-    def __init__(self, config: Config, pool: DataPool, *, resume: bool = True, tenant: str | None = None,
+    def __init__(self, config: Config, pool: PoolQueue, *, resume: bool = True, tenant: str | None = None,
                  policy: Policy | None = None, ranks: Ranks | None = None):
         """`ranks`: this process's place in a data-parallel trainer group (`ranks.py`); only its
         rank 0 touches the pool's leases and the disk, the others train their share."""

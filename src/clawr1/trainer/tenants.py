@@ -7,14 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from clawr1.core.config import Config
-from clawr1.datapool.base import DataPool
+from clawr1.datapool.base import PoolQueue
 from clawr1.trainer.checkpoint import state_dir
 from clawr1.trainer.loop import Trainer
 from clawr1.trainer.policy import Policy
 
 
 class TenantTrainers:
-    def __init__(self, config: Config, pool: DataPool):
+    def __init__(self, config: Config, pool: PoolQueue):
         self.config, self.pool = config, pool
         self.trainers: dict[str, Trainer] = {}
         self._policy: Policy | None = None

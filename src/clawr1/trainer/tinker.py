@@ -35,7 +35,7 @@ import torch
 
 from clawr1.core.config import Config, public_dump
 from clawr1.core.records import POLICY
-from clawr1.datapool import DataPool
+from clawr1.datapool.base import PoolQueue
 from clawr1.engine import adapters
 from clawr1.engine.chat import ChatFormat
 from clawr1.engine.models import resolve_model
@@ -67,7 +67,7 @@ class TinkerTrainer:
     """The trainer loop of `loop.Trainer` (lease, step, publish, checkpoint, ack, guard) with the
     step on the service."""
 
-    def __init__(self, config: Config, pool: DataPool, *, service: Any = None, resume: bool = True):
+    def __init__(self, config: Config, pool: PoolQueue, *, service: Any = None, resume: bool = True):
         from transformers import AutoTokenizer
 
         self.config, self.tc, self.pool, self.tenant = config, config.trainer, pool, None
