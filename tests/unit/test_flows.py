@@ -120,6 +120,10 @@ def test_train_flow_evaluates_heldout_tasks_per_version_as_side_turns(tiny_model
 
     with SQLitePool(tmp_path) as pool:
         assert pool.stats()["consumed"] == 12  # only the 3 rounds' rollouts trained, never the evaluations
+    from clawr1.flows.plot import plot_curve
+
+    png = plot_curve(result.curve, tmp_path / "curve.png", "test")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_tool_agent_runs_tool_calls_until_a_final_answer():

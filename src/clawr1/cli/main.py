@@ -188,6 +188,11 @@ def cmd_train_flow(args: argparse.Namespace, config: Config) -> int:
                         tasks_per_step=args.tasks_per_step, concurrency=args.concurrency, heldout=heldout,
                         eval_every=args.eval_every, console=err_console)
     numbers = summary(result.rollouts)
+    if args.plot and result.curve:
+        from clawr1.flows.plot import plot_curve
+
+        plot_curve(result.curve, args.plot, f"train-flow {args.flow} on {args.tasks}: held-out {args.heldout}")
+        err_console.print(f"curve written to {args.plot}")
     if args.json:
         print(json.dumps({"run_id": result.run_id, "version": result.version, "summary": numbers,
                           "steps": result.steps, "curve": result.curve,
@@ -416,6 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "families (comma-separated, their held-out split; 'all'), a file or a set")
     p.add_argument("--heldout-n", type=int, help="with family --heldout: tasks per family (default: the split's size)")
     p.add_argument("--eval-every", type=int, default=4, help="with --heldout: versions between evaluations (default 4)")
+    p.add_argument("--plot", type=Path, help="with --heldout: the curve (success and sane rate per version) as a PNG")
     p.add_argument("--json", action="store_true", help="print the rollouts and step metrics as JSON")
     p.set_defaults(fn=cmd_train_flow)
 
