@@ -112,6 +112,8 @@ def train_flow(config: Config, flow: AgentFlow, tasks: list[Task], *, group: int
         raise ValueError("train-flow trains in this process (trainer.backend = \"local\"); a tinker backend "
                          "learns from black-box traffic through `clawr1 up`")
     rounds = rounds_of(tasks, epochs, steps, tasks_per_step)
+    if heldout is not None and (not heldout or eval_every < 1):
+        raise ValueError("heldout needs at least one task and eval_every >= 1")
     result = TrainFlowResult(new_run_id("wb"))
     # Offline rounds are the flow's own traffic, in GRPO groups a probe set would break up, and the
     # runner measures each version's success itself: every version is served for the next round.
@@ -124,6 +126,7 @@ def train_flow(config: Config, flow: AgentFlow, tasks: list[Task], *, group: int
         with console.status("Loading the trainer's policy ..."):
             trainer = Trainer(train_config, served.pool)
         wait_served(served, trainer.version)  # a resumed run continues from its newest version
+        result.version = trainer.version
         reference = _evaluate(served, heldout, None, result, console) if heldout else None
         with Progress(console=console, transient=True) as progress, ThreadPoolExecutor(max(1, concurrency)) as pool:
             for n, round_tasks in enumerate(rounds, 1):
