@@ -9,10 +9,10 @@ import pytest
 
 from clawr1.envs import make_env
 from clawr1.envs.base import Task
-from clawr1.envs.families import FAMILIES, generate
+from clawr1.envs.families import generate, registry
 from clawr1.flows.rollouts import task_set
 
-TOOLCALL = [name for name, fam in FAMILIES().items() if fam.env == "toolcall"]
+TOOLCALL = [name for name, fam in registry().items() if fam.env == "toolcall"]
 
 
 def replay(task: Task, *, calls: bool = True, answer: str | None = None) -> float:
@@ -45,7 +45,7 @@ def test_file_chores_are_solved_by_their_command_and_not_without_it(split: str) 
         assert replay(task, calls=False) == -1.0, task
 
 
-@pytest.mark.parametrize("family", list(FAMILIES()))
+@pytest.mark.parametrize("family", list(registry()))
 def test_the_heldout_split_shares_no_template_or_prompt_with_training(family: str) -> None:
     train, heldout = generate(family, "train"), generate(family, "heldout")
     assert not {t.meta["template"] for t in train} & {t.meta["template"] for t in heldout}

@@ -23,7 +23,7 @@ from clawr1.core.config import Config
 from clawr1.core.messages import format_tool_call
 from clawr1.envs import make_env
 from clawr1.envs.base import Task
-from clawr1.envs.families import FAMILIES, generate
+from clawr1.envs.families import generate, registry
 from clawr1.reward.dataset import Item
 
 PER_SPLIT = 16
@@ -70,7 +70,7 @@ def failed(env: str, message: str) -> bool:
 def items(per_split: int = PER_SPLIT) -> list[Item]:
     """The labelled turns: one successful and one broken call per task, for every family and split."""
     out = []
-    for family in FAMILIES():
+    for family in registry():
         for split in ("train", "heldout"):
             for k, task in enumerate(generate(family, split, per_split, seed=7)):
                 reference = task.meta["solution"]["calls"][0]

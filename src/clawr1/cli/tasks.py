@@ -43,11 +43,11 @@ def eval_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_tasks(args: argparse.Namespace, config: Config) -> int:
-    from clawr1.envs.families import FAMILIES, generate
+    from clawr1.envs.families import generate, registry
 
     if not args.family:
         table = Table("family", "env", "train", "held out", "what", title="task families (clawr1 tasks FAMILY)")
-        for fam in FAMILIES().values():
+        for fam in registry().values():
             table.add_row(fam.name, fam.env, str(fam.train_size), str(fam.heldout_size), fam.doc)
         console.print(table)
         return 0
@@ -68,11 +68,11 @@ def load(spec: str, split: str | None, n: int | None, default_split: str = "held
     or a shipped set."""
     from itertools import chain, zip_longest
 
-    from clawr1.envs.families import FAMILIES, generate
+    from clawr1.envs.families import generate, registry
     from clawr1.flows.rollouts import task_set
 
-    names = list(FAMILIES()) if spec == "all" else spec.split(",")
-    if all(name in FAMILIES() for name in names):
+    names = list(registry()) if spec == "all" else spec.split(",")
+    if all(name in registry() for name in names):
         per = [generate(name, split or default_split, n) for name in names]
         return [t for t in chain.from_iterable(zip_longest(*per)) if t is not None]
     return task_set(spec, split)

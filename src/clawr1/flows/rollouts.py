@@ -64,11 +64,11 @@ def task_set(spec: str, split: str | None = None) -> list[Task]:
     default train). A split given for a file or a shipped set is an error: they have none."""
     from clawr1.envs import families
 
-    parsed = families.parse_spec(spec) or ((spec, "train") if spec in families.FAMILIES() else None)
+    parsed = families.parse_spec(spec) or ((spec, "train") if spec in families.registry() else None)
     if parsed is not None:
         return families.generate(parsed[0], split or parsed[1])
     if split is not None:
-        raise ValueError(f"--split applies to task families ({', '.join(families.FAMILIES())}), not to {spec!r}")
+        raise ValueError(f"--split applies to task families ({', '.join(families.registry())}), not to {spec!r}")
     if Path(spec).is_file() or spec.endswith(".jsonl") or "/" in spec:
         return load_tasks(spec)  # a missing file is a FileNotFoundError, not an unknown set
     from clawr1.envs import builtin_tasks

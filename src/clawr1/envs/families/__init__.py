@@ -26,7 +26,7 @@ from typing import Any
 from clawr1.core.messages import format_tool_call
 from clawr1.envs.base import Task
 
-__all__ = ["FAMILIES", "SPLITS", "Family", "generate", "parse_spec", "spell"]
+__all__ = ["SPLITS", "Family", "generate", "parse_spec", "registry", "spell"]
 
 SPLITS = ("train", "heldout")
 LEVELS = (0, 1, 2)
@@ -92,13 +92,13 @@ def parse_spec(spec: str) -> tuple[str, str] | None:
 
 
 def _family(name: str) -> Family:
-    families = FAMILIES()
+    families = registry()
     if name not in families:
         raise ValueError(f"unknown task family {name!r}; known: {', '.join(families)}")
     return families[name]
 
 
-def FAMILIES() -> dict[str, Family]:  # a registry, loaded lazily like `envs.registry`
+def registry() -> dict[str, Family]:
     """Every family by name."""
     from clawr1.envs.families import files, tools
 
