@@ -106,7 +106,7 @@ def test_train_flow_evaluates_heldout_tasks_per_version_as_side_turns(tiny_model
                                 "reward.poll_s=0.05"])
     CoinEnv.counts.clear()
     flow = ToolAgentFlow(config, max_turns=1, max_tokens=6, env_factory=lambda task: CoinEnv())
-    heldout = generate("file-chores", "heldout", n=8)  # one short tool: fits the tiny model's 512 tokens
+    heldout = generate("file-chores", "heldout", n=3)  # one short tool: fits the tiny model's 512 tokens
     result = train_flow(config, flow, TASKS, group=2, steps=3, concurrency=4, judge=NeverJudge(), heldout=heldout,
                         eval_every=2)
 
