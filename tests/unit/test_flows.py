@@ -61,10 +61,15 @@ class NeverJudge:
         return Judgement(0, [0], ["0"], "test", "judge")
 
 
+def flow_config(tiny_model_dir, tmp_path):
+    """train-flow on the tiny model: plain RL, a large step, quick polls."""
+    return load_config(None, [f'data_dir="{tmp_path}"', f'engine.model="{tiny_model_dir}"', 'trainer.method="rl"',
+                              "trainer.lr=0.01", "trainer.micro_batch=4", "gateway.adapter_poll_s=0.05",
+                              "reward.poll_s=0.05"])
+
+
 def test_train_flow_groups_rollouts_closes_with_outcomes_and_trains(tiny_model_dir, tmp_path):
-    config = load_config(None, [f'data_dir="{tmp_path}"', f'engine.model="{tiny_model_dir}"', 'trainer.method="rl"',
-                                "trainer.lr=0.01", "trainer.micro_batch=4", "gateway.adapter_poll_s=0.05",
-                                "reward.poll_s=0.05"])
+    config = flow_config(tiny_model_dir, tmp_path)
     CoinEnv.counts.clear()
     flow = ToolAgentFlow(config, max_turns=1, max_tokens=6, env_factory=lambda task: CoinEnv())
     result = train_flow(config, flow, TASKS, group=2, epochs=2, concurrency=4, judge=NeverJudge())
@@ -101,9 +106,7 @@ def test_train_flow_groups_rollouts_closes_with_outcomes_and_trains(tiny_model_d
 def test_train_flow_evaluates_heldout_tasks_per_version_as_side_turns(tiny_model_dir, tmp_path):
     from clawr1.envs.families import generate
 
-    config = load_config(None, [f'data_dir="{tmp_path}"', f'engine.model="{tiny_model_dir}"', 'trainer.method="rl"',
-                                "trainer.lr=0.01", "trainer.micro_batch=4", "gateway.adapter_poll_s=0.05",
-                                "reward.poll_s=0.05"])
+    config = flow_config(tiny_model_dir, tmp_path)
     CoinEnv.counts.clear()
     flow = ToolAgentFlow(config, max_turns=1, max_tokens=6, env_factory=lambda task: CoinEnv())
     heldout = generate("file-chores", "heldout", n=3)  # one short tool: fits the tiny model's 512 tokens

@@ -42,7 +42,8 @@ def test_per_category_keeps_a_few_of_each():
 
 
 def test_env_labelled_tool_messages_carry_the_envs_own_verdicts():
-    from clawr1.bench.judge_tools import failed, items
+    from clawr1.bench.judge_tools import items
+    from clawr1.envs import make_env
 
     labelled = items(per_split=4)
     families = {i.id.rsplit("-", 4)[0] for i in labelled}
@@ -51,8 +52,10 @@ def test_env_labelled_tool_messages_carry_the_envs_own_verdicts():
     assert all(i.label == 1 and i.category == "tool_success" for i in ok)  # every reference call succeeds
     assert sum(i.label == -1 for i in bad) >= 0.9 * len(bad)  # nearly every broken call fails, by the env's word
     assert all(i.next_state[0]["role"] == "tool" for i in labelled)
-    assert failed("terminal", "exit code: 127\nstderr:\nsh: sotrx: not found")
-    assert not failed("terminal", "exit code: 0") and failed("toolcall", "Error: no such key 'x'")
+    terminal, toolcall = make_env("terminal"), make_env("toolcall")
+    assert terminal.failed("exit code: 127\nstderr:\nsh: sotrx: not found") and terminal.failed("Error: bad arguments")
+    assert not terminal.failed("exit code: 0") and toolcall.failed("Error: no such key 'x'")
+    assert not toolcall.failed("deleted 'x'")
     report = run(load_config(), Console(file=io.StringIO()), judges=["rules"], items=labelled)
     rules = report["judges"]["rules only"]
     assert rules["committed_accuracy"] == 1.0 and rules["by_rule"] >= len(bad) * 0.5  # rules catch the errors

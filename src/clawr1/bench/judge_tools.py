@@ -6,8 +6,8 @@ classifier's training set. Here the labels come from elsewhere: for tasks of eve
 splits), the real envs execute the task's reference tool call and one broken call (an unknown
 tool, missing or mistyped arguments, invalid JSON, a bad expression, a key that is not there, a
 mistyped shell program, a redirect into a missing folder). Whether the call failed is known
-exactly, from the env's own signal: a `toolcall` message starting with "Error", a `terminal`
-exit code other than 0. Each call is one turn (the task's messages, the call as the model writes
+exactly, from the env's own signal (`Env.failed`): a `toolcall` message starting with "Error",
+a `terminal` exit code other than 0. Each call is one turn (the task's messages, the call as the model writes
 it, the tool message as the next state) with gold +1 for success and -1 for failure.
 """
 
@@ -28,8 +28,6 @@ from clawr1.reward.dataset import Item
 
 PER_SPLIT = 16
 """Tasks per family and split; each gives one successful and one failing call."""
-
-_EXIT = re.compile(r"exit code: (-?\d+)")
 
 
 def broken(task: Task, k: int) -> tuple[str, Any]:
@@ -57,16 +55,6 @@ def broken(task: Task, k: int) -> tuple[str, Any]:
     return name, {**args, first: 42}  # a number where the schema wants a string
 
 
-def failed(env: str, message: str) -> bool:
-    """The env's own failure signal for one tool message."""
-    if env == "terminal":
-        match = _EXIT.match(message)
-        if match is None:
-            raise ValueError(f"a terminal tool message without its exit code: {message[:80]!r}")
-        return int(match.group(1)) != 0 or "\nkilled:" in message
-    return message.startswith("Error")
-
-
 def items(per_split: int = PER_SPLIT) -> list[Item]:
     """The labelled turns: one successful and one broken call per task, for every family and split."""
     out = []
@@ -78,9 +66,9 @@ def items(per_split: int = PER_SPLIT) -> list[Item]:
                     with make_env(task.env) as env:
                         env.reset(task)
                         message = env.call(name, args)
+                        bad = env.failed(message)
                     reply = (format_tool_call(name, args) if isinstance(args, dict)
                              else f'<tool_call>{{"name": "{name}", "arguments": {args}</tool_call>')
-                    bad = failed(task.env, message)
                     out.append(Item(id=f"{task.id}-{tag}", category="tool_error" if bad else "tool_success",
                                     label=-1 if bad else 1, correction=False,
                                     context=[{"role": "system", "content": env.system},

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +53,7 @@ def cmd_tasks(args: argparse.Namespace, config: Config) -> int:
         console.print(table)
         return 0
     tasks = generate(args.family, args.split, args.n, args.seed)
-    lines = "".join(json.dumps({"id": t.id, "env": t.env, "prompt": t.prompt, "files": t.files, "check": t.check,
-                                "meta": t.meta}) + "\n" for t in tasks)
+    lines = "".join(json.dumps(asdict(t)) + "\n" for t in tasks)
     if args.out:
         args.out.write_text(lines, encoding="utf-8")
         err_console.print(f"{len(tasks)} tasks written to {args.out}")

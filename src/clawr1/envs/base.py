@@ -64,6 +64,11 @@ class Env(ABC):
     def outcome(self, final_answer: str | None = None) -> float:
         """The task's checker: 1.0 solved, -1.0 not (values in between allowed)."""
 
+    def failed(self, message: str) -> bool:
+        """Whether a tool message (what `call` returned) reports a failed call: an "Error: ..." by
+        default; envs whose tools report failure otherwise (an exit code) say so."""
+        return message.startswith("Error")
+
     def close(self) -> None:
         """Release the workspace."""
 

@@ -6,10 +6,13 @@ next state the judge reads. The outcome is the task's checker over the workspace
 
 from __future__ import annotations
 
+import re
+
 from clawr1.envs.checks import CheckContext, check
 from clawr1.envs.sandboxed import SandboxEnv
 from clawr1.envs.tools import function_tool
 
+_EXIT = re.compile(r"exit code: (-?\d+)")  # the first line of `SandboxResult.message`
 _TOOLS = [function_tool(
     "run", "Run one shell command (sh) in the task's directory and get its exit code and output. "
     "There is no network; files outside the task's directory are read-only.",
@@ -27,6 +30,12 @@ class TerminalEnv(SandboxEnv):
 
     def tool_run(self, command: str) -> str:
         return self._box().run(command).message()
+
+    def failed(self, message: str) -> bool:
+        """Bad arguments ("Error: ..."), or a command that exited non-zero or was killed."""
+        exit_code = _EXIT.match(message)
+        return super().failed(message) or (exit_code is not None and int(exit_code.group(1)) != 0) \
+            or "\nkilled:" in message
 
     def outcome(self, final_answer: str | None = None) -> float:
         task, box = self._started()

@@ -74,7 +74,8 @@ def grouped(runs: Sequence[TaskRun]) -> dict[str, Any]:
     levels: dict[str, list[TaskRun]] = collections.defaultdict(list)
     for r in runs:
         fams[r.family].append(r)
-        levels[f"{r.family} L{r.level}"].append(r)
+        if r.level is not None:  # a family task; a task file's have none
+            levels[f"{r.family} L{r.level}"].append(r)
     return {**stats(runs), "by_family": {f: stats(rs) for f, rs in sorted(fams.items())},
             "by_level": {f: stats(rs) for f, rs in sorted(levels.items())}}
 

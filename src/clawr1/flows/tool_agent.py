@@ -64,7 +64,7 @@ class ToolAgentFlow(AgentFlow):
                     break
                 for call in calls:
                     result = env.call(call.function.name, call.function.arguments)
-                    calls_made, errors = calls_made + 1, errors + result.startswith("Error")
+                    calls_made, errors = calls_made + 1, errors + env.failed(result)
                     messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
             return Episode(outcome=env.outcome(final), final=final or "", turns=turns, tool_calls=calls_made,
                            tool_errors=errors, last_id=response.id if response else "",
