@@ -161,3 +161,91 @@ def test_the_agents_own_summarising_call_is_a_side_turn():
                  {"role": "user", "content": [{"type": "text", "text": "<conversation>\n[User]: a\n</conversation>"}]}]
     assert resolver.resolve("default", summarise, {}).turn_type == "side"
     assert resolver.resolve("default", [SYSTEM, {"role": "user", "content": "a"}], {}).turn_type == "main"
+
+
+SUMMARISER = {"role": "system", "content": "You are a context summarization assistant. Summarise the conversation."}
+
+
+def summarise_call(history: list[dict]) -> list[dict]:
+    """An agent's summarising call: its transcript rendered as one text (OpenClaw's shape)."""
+    lines = [f"[{m['role'].title()}]: {m['content']}" for m in history[1:]]
+    return [SUMMARISER, {"role": "user", "content": "<conversation>\n" + "\n".join(lines) + "\n</conversation>"}]
+
+
+def converse_keeping_nothing(matcher: HistoryMatcher, turns: int, every: int) -> list[str]:
+    """A long conversation whose agent compacts every `every` turns and keeps no reply: it asks the
+    gateway for a summary (a side turn the resolver reports), then sends [system, summary, new message]."""
+    from clawr1.gateway.sessions import SessionResolver, Turn
+
+    resolver = SessionResolver(lambda session, tenant: None)
+    resolver.matcher = matcher
+    history, sessions = [SYSTEM], []
+    for t in range(turns):
+        if t and t % every == 0:
+            call = summarise_call(history)
+            side = resolver.resolve("default", call, {})
+            written = {"role": "assistant", "content": f"The user asked questions 0 to {t - 1}; the last was answered."}
+            resolver.record(side, call, written)
+            history = [SYSTEM, {"role": "user", "content": OPENCLAW_SUMMARY.replace("The user asks about capitals.",
+                                                                                      written["content"])}]
+        history = history + [{"role": "user", "content": f"question {t}"}]
+        turn = resolver.resolve("default", history, {})
+        assert isinstance(turn, Turn) and turn.turn_type == "main"
+        reply = {"role": "assistant", "content": f"answer {t}, with some detail"}
+        resolver.record(turn, history, reply)
+        history = history + [reply]
+        sessions.append(turn.session_id)
+    return sessions
+
+
+def test_a_compaction_that_keeps_no_reply_continues_the_session_its_summary_was_written_for():
+    assert len(set(converse_keeping_nothing(_PrefixOnly(), 30, every=6))) == 5  # before: split at every compaction
+    assert len(set(converse_keeping_nothing(HistoryMatcher(), 30, every=6))) == 1
+
+
+def test_a_summary_matches_only_its_own_session_tenant_and_system_prompt():
+    matcher = HistoryMatcher()
+    for session, topic in (("s1", "capitals"), ("s2", "rivers")):
+        history = [SYSTEM, {"role": "user", "content": f"tell me about {topic}"}]
+        matcher.record("default", session, history, {"role": "assistant", "content": f"Here is a long answer on {topic}."})
+    transcript = summarise_call([SYSTEM, {"role": "user", "content": "tell me about rivers"},
+                                 {"role": "assistant", "content": "Here is a long answer on rivers."}])
+    written = {"role": "assistant", "content": "The user asked about rivers and got an answer."}
+    assert matcher.record_summary("default", transcript, written) == "s2"
+    request = [SYSTEM, {"role": "user", "content": OPENCLAW_SUMMARY.replace("The user asks about capitals.",
+                                                                           written["content"])},
+               {"role": "user", "content": "and lakes?"}]
+    match = matcher.find("default", request)
+    assert match is not None and match.session_id == "s2" and match.compacted and match.prefix_len == 2
+    assert matcher.find("other", request) is None
+    assert matcher.find("default", [{"role": "system", "content": "Another agent."}, *request[1:]]) is None
+    unknown = [SYSTEM, {"role": "user", "content": OPENCLAW_SUMMARY}, {"role": "user", "content": "and lakes?"}]
+    assert matcher.find("default", unknown) is None  # a summary this gateway never wrote
+    # A transcript that holds no open session's last reply, or a too-short summary, is remembered for none.
+    assert matcher.record_summary("default", summarise_call([SYSTEM, {"role": "user", "content": "x"}]),
+                                  {"role": "assistant", "content": "A summary of something else entirely."}) is None
+    assert matcher.record_summary("default", transcript, {"role": "assistant", "content": "ok"}) is None
+    matcher.forget("s2")
+    assert matcher.find("default", request) is None and not matcher._summaries
+
+
+def test_a_compaction_that_keeps_no_reply_pairs_the_last_turn_over_http(engine, tmp_path):
+    with live_gateway(engine, tmp_path) as (base, pool):
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+        history = [SYSTEM]
+        for t in range(2):
+            history.append({"role": "user", "content": f"question {t}"})
+            reply = client.chat.completions.create(model="m", messages=history, max_tokens=12, temperature=0)
+            history.append({"role": "assistant", "content": reply.choices[0].message.content})
+        summary = client.chat.completions.create(model="m", messages=summarise_call(history), max_tokens=24,
+                                                 temperature=0).choices[0].message.content
+        assert len(" ".join(summary.split())) >= 16, summary  # the tiny model's summary identifies the session
+        compacted = [SYSTEM, {"role": "user", "content": OPENCLAW_SUMMARY.replace("The user asks about capitals.", summary)},
+                     {"role": "user", "content": "question 2"}]
+        client.chat.completions.create(model="m", messages=compacted, max_tokens=4, temperature=0)
+        steps = steps_of(pool, 4)
+        main = sorted((s for s in steps if s.turn_type == "main"), key=lambda s: s.turn_index)
+        assert len({s.session_id for s in main}) == 1 and [s.turn_index for s in main] == [0, 1, 2]
+        assert [s.turn_type for s in steps].count("side") == 1  # the summarising call: recorded, never trained
+        wait_for(lambda: pool.get_steps([main[1].step_id])[0].next_state, what="turn 1's next state")
+        assert pool.get_steps([main[1].step_id])[0].next_state[-1]["content"] == "question 2"

@@ -4,13 +4,13 @@ and the held-out split shares no template and no prompt with the training split.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import pytest
 
-from clawr1.envs import make_env
+from clawr1.envs import builtin_tasks, load_tasks, make_env, task_set
 from clawr1.envs.base import Task
 from clawr1.envs.families import generate, registry
-from clawr1.flows.rollouts import task_set
 
 TOOLCALL = [name for name, fam in registry().items() if fam.env == "toolcall"]
 
@@ -69,3 +69,23 @@ def test_task_set_reads_families_by_name_and_spec() -> None:
         task_set("toolcall", split="heldout")
     with pytest.raises(ValueError, match="unknown task family"):
         generate("nope")
+
+
+def test_task_set_mixes_several_families_and_caps_every_kind_of_set(tmp_path) -> None:
+    mixed = task_set("arithmetic,family:kv-chores:train", n=3, default_split="heldout")
+    assert [t.meta["family"] for t in mixed] == ["arithmetic", "kv-chores"] * 3  # interleaved: rounds mix them
+    assert [t.meta["split"] for t in mixed] == ["heldout", "train"] * 3  # a spec's own split beats the default
+    assert [t.meta["family"] for t in task_set("all", n=1)] == list(registry())
+    shipped = load_tasks(builtin_tasks("toolcall"))
+    assert task_set("toolcall") == shipped and task_set("toolcall", n=2) == shipped[:2]
+    path = tmp_path / "mine.jsonl"
+    path.write_text("\n".join(json.dumps(asdict(t)) for t in shipped[:3]) + "\n")
+    assert task_set(str(path), n=5) == shipped[:3]
+    with pytest.raises(ValueError, match="unknown task family"):
+        task_set("arithmetic,nope")
+    with pytest.raises(ValueError, match="no built-in tasks"):
+        task_set("nope")
+    with pytest.raises(FileNotFoundError):
+        task_set(str(tmp_path / "missing.jsonl"))
+    with pytest.raises(ValueError, match="n must be"):
+        task_set("toolcall", n=0)

@@ -173,13 +173,14 @@ def cmd_eval(args: argparse.Namespace, config: Config) -> int:
 
 
 def cmd_train_flow(args: argparse.Namespace, config: Config) -> int:
+    from clawr1.envs import task_set
     from clawr1.flows import load_flow
     from clawr1.flows.rollouts import results_table, summary
     from clawr1.flows.whitebox import train_flow
 
     try:
-        flow_class, tasks = load_flow(args.flow), tasks_cli.load(args.tasks, None, None, default_split="train")
-        heldout = tasks_cli.load(args.heldout, None, args.heldout_n) if args.heldout else None
+        flow_class, tasks = load_flow(args.flow), task_set(args.tasks)
+        heldout = task_set(args.heldout, n=args.heldout_n, default_split="heldout") if args.heldout else None
     except (ValueError, TypeError) as exc:
         err_console.print(f"[red]error:[/red] {exc}")
         return 2
@@ -204,8 +205,9 @@ def cmd_train_flow(args: argparse.Namespace, config: Config) -> int:
 
 
 def cmd_run_agent(args: argparse.Namespace, config: Config) -> int:
+    from clawr1.envs import task_set
     from clawr1.flows.blackbox import run_agent
-    from clawr1.flows.rollouts import results_table, summary, task_set
+    from clawr1.flows.rollouts import results_table, summary
 
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:

@@ -62,26 +62,11 @@ def cmd_tasks(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
-def load(spec: str, split: str | None, n: int | None, default_split: str = "heldout") -> list:
-    """The tasks a `--tasks`/`--heldout` flag means: families (comma-separated or 'all'; their
-    `default_split` unless `split`), interleaved so every round of a run mixes them; else a file
-    or a shipped set."""
-    from itertools import chain, zip_longest
-
-    from clawr1.envs.families import generate, registry
-    from clawr1.flows.rollouts import task_set
-
-    names = list(registry()) if spec == "all" else spec.split(",")
-    if all(name in registry() for name in names):
-        per = [generate(name, split or default_split, n) for name in names]
-        return [t for t in chain.from_iterable(zip_longest(*per)) if t is not None]
-    return task_set(spec, split)
-
-
 def eval_tasks(args: argparse.Namespace, config: Config, base: str, key: str) -> int:
+    from clawr1.envs import task_set
     from clawr1.flows.evaluate import evaluate_tasks
 
-    tasks = load(args.tasks, args.split, args.n)
+    tasks = task_set(args.tasks, args.split, args.n, default_split="heldout")
     with Progress(console=err_console, transient=True) as bar:
         job = bar.add_task("tasks (served, then base)", total=2 * len(tasks))
         result = evaluate_tasks(base, key, tasks, max_turns=args.max_turns, max_tokens=args.max_tokens,

@@ -180,8 +180,9 @@ class PoolQueue(ABC):
 
     @abstractmethod
     def record_version(self, adapter: str, version: int, status: str, reason: str, scores: dict[str, Any]) -> None:
-        """Append a decision about a policy version (the guard's `promoted` / `rejected`, an admin's
-        `pinned` / `rolled_back`), with why and the scores it was based on."""
+        """Append an event of a policy version (the trainer's `trained`, with its metrics as the
+        scores; the guard's `promoted` / `rejected`, an admin's `pinned` / `rolled_back`), with why
+        and the scores it was based on."""
 
     @abstractmethod
     def mark_ready(self, step_id: str) -> bool:
@@ -319,7 +320,7 @@ class PoolReadModel(ABC):
 
     @abstractmethod
     def policy_versions(self, adapter: str | None = None) -> list[dict[str, Any]]:
-        """Every recorded decision (of one adapter or all), oldest first: `adapter`, `version`,
+        """Every recorded version event (of one adapter or all), oldest first: `adapter`, `version`,
         `status`, `reason`, `scores`, `decided_at`."""
 
 

@@ -147,8 +147,9 @@ CREATE TABLE IF NOT EXISTS leases (
 );
 CREATE INDEX IF NOT EXISTS leases_by_state ON leases (state, expires_at);
 
--- The guard's decisions (schema v3), append-only: each candidate version of each adapter, promoted
--- or rejected and why, with the probe scores it was judged on; pins and rollbacks too.
+-- The version log (schema v3), append-only: each version of each adapter as the trainer published
+-- it (`trained`, its metrics as scores), then promoted or rejected by the guard and why, with the
+-- probe scores it was judged on; pins and rollbacks too.
 CREATE TABLE IF NOT EXISTS policy_versions (
     id INTEGER PRIMARY KEY,
     adapter TEXT NOT NULL,

@@ -12,14 +12,13 @@ import statistics
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 from rich.table import Table
 
 from clawr1.core.config import Config
-from clawr1.envs.base import Env, Task, load_tasks
+from clawr1.envs.base import Env, Task
 
 EnvFactory = Callable[[Task], Env]
 NO_KEY = "clawr1-local"  # OpenAI clients insist on some key; a gateway without keys ignores it
@@ -56,24 +55,6 @@ def env_for(config: Config) -> EnvFactory:
 
         return make_env(task.env, config)
     return make
-
-
-def task_set(spec: str, split: str | None = None) -> list[Task]:
-    """Tasks from a JSONL file, a shipped set by its env name (`terminal`, `toolcall`, `swe`), or a
-    generated family (`arithmetic`, or `family:arithmetic:heldout`; `split` overrides the spec's,
-    default train). A split given for a file or a shipped set is an error: they have none."""
-    from clawr1.envs import families
-
-    parsed = families.parse_spec(spec) or ((spec, "train") if spec in families.registry() else None)
-    if parsed is not None:
-        return families.generate(parsed[0], split or parsed[1])
-    if split is not None:
-        raise ValueError(f"--split applies to task families ({', '.join(families.registry())}), not to {spec!r}")
-    if Path(spec).is_file() or spec.endswith(".jsonl") or "/" in spec:
-        return load_tasks(spec)  # a missing file is a FileNotFoundError, not an unknown set
-    from clawr1.envs import builtin_tasks
-
-    return load_tasks(builtin_tasks(spec))  # ValueError for an unknown set
 
 
 def new_run_id(prefix: str) -> str:

@@ -60,7 +60,6 @@ def create_app(engine: Engine, pool: DataPool, config: Config) -> FastAPI:
 
     app = FastAPI(title="Claw-R1 gateway", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.gateway = gateway
-    app.state.trainer_logs = {}  # the dashboard's view of the trainer: a MetricsTail per trained adapter
     errors.install(app)
     app.add_middleware(errors.CatchAll)  # inside the metrics, so what it answers is counted
     app.add_middleware(MetricsMiddleware, metrics=gateway.metrics)

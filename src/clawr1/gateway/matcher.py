@@ -11,7 +11,12 @@ S's last assistant reply. Real clients are messy (see shared/OPENCLAW.md), so:
   its last assistant message is still S's last reply, right after the message S's last request
   ended with (or right after the summary: OpenClaw folds that message into it), and it starts with
   S's system prompt: that continues S too (`Match.compacted`), so S's last turn still gets its next
-  state (a reply two sessions share matches neither).
+  state (a reply two sessions share matches neither);
+- a compaction may keep no reply at all (`[system, summary, new message]`): nothing of S is left
+  in the request but the summary, and the gateway wrote that summary itself when the agent's
+  summarising call (a side turn) asked for it. The call's transcript holds S's last reply (and
+  its last message), which says which session it summarises; a request whose compaction summary
+  contains that summary then continues S (`record_summary`).
 Prefixes are indexed by a rolling hash and last replies by their fingerprint, so a lookup costs
 one or two dict probes per message of the request, whatever the number of open sessions. Tenants
 never match across.
@@ -49,6 +54,11 @@ def _opens(message: dict[str, Any], openings: tuple[str, ...]) -> bool:
     return text_of(message.get("content"), "content").lstrip().startswith(openings)
 
 
+def _plain(text: str) -> str:
+    """Text compared across an agent's re-rendering: whitespace collapsed."""
+    return " ".join(text.split())
+
+
 def fingerprint(message: dict[str, Any]) -> str:
     """What identifies a message across replays: role, trimmed text, tool calls without ids."""
     calls = [(c.get("function", {}).get("name"), arguments_value(c.get("function", {}).get("arguments")))
@@ -84,6 +94,12 @@ class HistoryMatcher:
         # (the same short reply to the same message) are ambiguous and match neither.
         self._tails: dict[tuple[str, str], dict[str, tuple[str | None, frozenset[str]]]] = {}
         self._tail_keys: dict[str, tuple[str, str]] = {}
+        # session -> (tenant, system prompt's fingerprint or None, its last reply's text, its last
+        # message's text), to find the session a summarising call summarises.
+        self._last: dict[str, tuple[str, str | None, str, str]] = {}
+        # (tenant, a summary the model wrote for an agent's compaction) -> the session it summarises
+        self._summaries: dict[tuple[str, str], str] = {}
+        self._summary_keys: dict[str, tuple[str, str]] = {}
 
     def find(self, tenant: str, messages: list[dict[str, Any]]) -> Match | None:
         """The session whose transcript is the longest prefix of `messages`, if any."""
@@ -102,12 +118,48 @@ class HistoryMatcher:
         with the same system prompt."""
         j = next((i for i in range(len(messages) - 1, 0, -1) if messages[i].get("role") == "assistant"), None)
         owners = self._tails.get((tenant, fps[j])) if j is not None else None
-        if not owners or len(owners) != 1:
+        if owners and len(owners) == 1:
+            [(session_id, (system, before))] = owners.items()
+            if (fps[j - 1] in before or is_summary(messages[j - 1])) and (system is None or fps[0] == system):
+                return Match(session_id, j + 1, compacted=True)
+        return self._summarised(tenant, messages, fps) if self._summaries else None
+
+    def _summarised(self, tenant: str, messages: list[dict[str, Any]], fps: list[str]) -> Match | None:
+        """The session a compaction that kept no reply continues: its summary message holds a
+        summary this gateway wrote for that session's summarising call, under the same system prompt."""
+        k = next((i for i, m in enumerate(messages) if is_summary(m)), None)
+        if k is None:
             return None
-        [(session_id, (system, before))] = owners.items()
-        if (fps[j - 1] in before or is_summary(messages[j - 1])) and (system is None or fps[0] == system):
-            return Match(session_id, j + 1, compacted=True)
-        return None
+        text = _plain(text_of(messages[k].get("content"), "content"))
+        found = {session for (owner, summary), session in self._summaries.items() if owner == tenant and summary in text}
+        if len(found) != 1:
+            return None
+        [session_id] = found
+        system = self._last[session_id][1] if session_id in self._last else None
+        if system is not None and fps[0] != system:
+            return None
+        return Match(session_id, k + 1, compacted=True)
+
+    def record_summary(self, tenant: str, messages: list[dict[str, Any]], summary: dict[str, Any]) -> str | None:
+        """After an agent's summarising call: remember the summary the model wrote, for the one open
+        session whose last reply (and, to break a tie, last message) its transcript holds. Returns
+        that session, or None when no one session is summarised (nothing is remembered)."""
+        written = _plain(text_of(summary.get("content"), "content"))
+        if len(written) < 16:  # too short to identify a session by containment
+            return None
+        transcript = _plain(" ".join(text_of(m.get("content"), "content") for m in messages))
+        held = [s for s, (owner, _, reply, _) in self._last.items() if owner == tenant and reply and reply in transcript]
+        if len(held) > 1:
+            held = [s for s in held if self._last[s][3] and self._last[s][3] in transcript]
+        if len(held) != 1:
+            return None
+        [session_id] = held
+        old = self._summary_keys.pop(session_id, None)
+        if old is not None:
+            self._summaries.pop(old, None)
+        self._summaries[(tenant, written)] = session_id
+        self._summary_keys[session_id] = (tenant, written)
+        return session_id
 
     def record(self, tenant: str, session_id: str, messages: list[dict[str, Any]], reply: dict[str, Any]) -> None:
         """After a turn: the next request of this session starts with these messages + reply."""
@@ -124,6 +176,8 @@ class HistoryMatcher:
         system = fps[0] if messages and messages[0].get("role") in ("system", "developer") else None
         self._tails.setdefault((tenant, reply_fp), {})[session_id] = (system, frozenset(fps[-2:]))
         self._tail_keys[session_id] = (tenant, reply_fp)
+        last = _plain(text_of(messages[-1].get("content"), "content")) if messages else ""
+        self._last[session_id] = (tenant, system, _plain(text_of(reply.get("content"), "content")), last)
 
     def forget(self, session_id: str) -> None:
         for key in self._keys.pop(session_id, []):
@@ -135,6 +189,10 @@ class HistoryMatcher:
             owners.pop(session_id, None)
             if not owners:
                 del self._tails[tail]
+        self._last.pop(session_id, None)
+        summary = self._summary_keys.pop(session_id, None)
+        if summary is not None and self._summaries.get(summary) == session_id:
+            del self._summaries[summary]
 
     def __len__(self) -> int:
         return len(self._keys)

@@ -103,11 +103,15 @@ class SessionResolver:
         return dataclasses.replace(who, turn_index=index, prompt_id=prompt_id)
 
     def record(self, turn: Turn, messages: list[dict[str, Any]], reply: dict[str, Any]) -> None:
-        """After a main turn is served: its next request will start with these messages + reply."""
+        """After a main turn is served: its next request will start with these messages + reply.
+        After an agent's summarising call: the summary it got names the session it compacts."""
         if turn.turn_type == "main" and messages:
             with self._lock:
                 if (turn.tenant, turn.session_id) in self._next_turn:  # not closed meanwhile
                     self.matcher.record(turn.tenant, turn.session_id, messages, reply)
+        elif is_summariser_call(messages):
+            with self._lock:
+                self.matcher.record_summary(turn.tenant, messages, reply)
 
     def restore(self, tenant: str, session_id: str, messages: list[dict[str, Any]], reply: dict[str, Any],
                 next_turn: int) -> None:

@@ -11,7 +11,10 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from clawr1.datapool.base import PoolQueue
 
 METRICS_FILE = Path("trainer") / "metrics.jsonl"
 
@@ -26,6 +29,24 @@ DRIFT_FIELDS = (
     "lr",  # the learning rate of the step (`trainer.warmup_steps`)
 )
 log = logging.getLogger(__name__)
+
+
+TRAINED = "trained"  # the status of a version's row in the pool's version log written by the trainer
+
+
+def record_in_pool(pool: PoolQueue, adapter: str, metrics: dict[str, Any]) -> None:
+    """A published version's metrics as a row of the pool's version log (`policy_versions`, beside
+    the guard's decisions), which the dashboard reads: status `trained`, the metrics as its scores."""
+    pool.record_version(adapter, int(metrics["version"]), TRAINED,
+                        f"trained on {metrics.get('lease', 0)} samples", metrics)
+
+
+def trained_in_pool(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The trainer's metrics per version from the pool's version log (`pool.policy_versions`), the
+    newest row of a version winning (a resumed trainer may record one again); `time` is when it
+    was recorded (after publication)."""
+    by_version = {row["version"]: {**row["scores"], "time": row["decided_at"]} for row in rows if row["status"] == TRAINED}
+    return [by_version[v] for v in sorted(by_version)]
 
 
 def metrics_path(data_dir: Path, tenant: str | None = None) -> Path:

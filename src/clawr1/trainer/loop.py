@@ -368,8 +368,11 @@ class Trainer:
 
     # ---- metrics -------------------------------------------------------------------------------
     def log(self, metrics: dict[str, Any]) -> None:
+        """The version's metrics: the trainer's own log (JSONL, TensorBoard, W&B), and the pool's
+        version log, where the dashboard reads them wherever the trainer runs (another host, Ray)."""
         if self.history is not None:
             self.history.write(metrics, self.step_count)
+            history.record_in_pool(self.pool, self.adapter, metrics)
 
     def close(self) -> None:
         if self.history is not None:

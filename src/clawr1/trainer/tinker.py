@@ -171,6 +171,7 @@ class TinkerTrainer:
             metrics.update(self.await_verdict())
         metrics["total_s"] = time.perf_counter() - started
         self.history.write(metrics, self.step_count)
+        history.record_in_pool(self.pool, self.adapter, metrics)
         return metrics
 
     def datums(self, samples: list[TrainSample]) -> tuple[list[Any], dict[str, Any]]:

@@ -12,8 +12,8 @@ Hermes/Qwen `<tool_call>` format the engine parses), 1 names the tool and its ar
 The embedded 135M model almost never calls a tool unprompted; level 0 is where GRPO finds its
 first successes.
 
-`generate("arithmetic", split="heldout", n=60)`; `task_set("family:arithmetic:heldout")` in the
-flows; `clawr1 tasks` writes any family as JSONL (the same format as every task file).
+`generate("arithmetic", split="heldout", n=60)`; `clawr1.envs.task_set("family:arithmetic:heldout")`
+for every `--tasks` flag; `clawr1 tasks` writes any family as JSONL (the same format as every task file).
 """
 
 from __future__ import annotations
@@ -82,13 +82,13 @@ def spell(level: int, calls: list[dict[str, Any]], heldout: bool) -> str:
     return ""
 
 
-def parse_spec(spec: str) -> tuple[str, str] | None:
-    """("arithmetic", "heldout") for "family:arithmetic:heldout" (split default train); None when
-    `spec` is not a family spec."""
+def parse_spec(spec: str, default_split: str = "train") -> tuple[str, str] | None:
+    """("arithmetic", "heldout") for "family:arithmetic:heldout" (no split: `default_split`); None
+    when `spec` is not a family spec."""
     if not spec.startswith("family:"):
         return None
     name, _, split = spec.removeprefix("family:").partition(":")
-    return name, split or "train"
+    return name, split or default_split
 
 
 def _family(name: str) -> Family:

@@ -1,4 +1,5 @@
-"""What the dashboard shows, gathered in one place from the pool, the gateway and the trainer's log.
+"""What the dashboard shows, gathered in one place from the pool (which holds the trainer's
+per-version metrics too, wherever the trainer runs) and the gateway.
 The HTML panels and `GET /dashboard/api/summary` render the same dictionary, so a number on the
 page is a number a script can read.
 
@@ -20,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 from clawr1.core.records import DEFAULT_TENANT
 from clawr1.engine import adapters as store
-from clawr1.trainer.history import MetricsTail
+from clawr1.trainer.history import trained_in_pool
 
 if TYPE_CHECKING:
     from clawr1.gateway.service import Gateway
 
-# Trainer metrics shown per version (the log has more: see `clawr1/trainer/loop.py`).
+# Trainer metrics shown per version (its row has more: see `clawr1/trainer/loop.py`).
 TRAINED_FIELDS = ("loss", "reward_mean", "hint_rate", "clip_frac", "kl", "grad_norm", "tokens_per_s", "total_s",
                   "entropy", "kl_base", "sampler_kl", "verdict")
 # The guard's verdict on each version, with the probe quality it was judged on (`engine/adapters.py`).
@@ -38,7 +39,7 @@ def _median(values: list[float]) -> float | None:
 
 def versions(served: list[dict[str, Any]], trained: list[dict[str, Any]],
              ready: dict[str, list[float]], verdicts: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """One row per policy version: what served it (pool) joined with what trained it (trainer log)
+    """One row per policy version: what served it (pool) joined with what trained it (the trainer's row in the pool)
     and what the guard decided of it (its verdict and probe quality: `probe_*`)."""
     by_served = {row["version"]: row for row in served}
     by_trained = {m["version"]: m for m in trained if "version" in m}
@@ -86,15 +87,7 @@ def judge_counts(gw: Gateway) -> dict[str, Any]:
             "errors": errors, "gave_up": gave_up}
 
 
-def trainer_log(logs: dict[str | None, MetricsTail], gw: Gateway, tenant: str) -> MetricsTail:
-    """The trainer's log of the adapter this tenant is served (kept per adapter: read incrementally)."""
-    key = tenant if gw.per_tenant else None
-    if key not in logs:
-        logs[key] = MetricsTail(gw.config.data_dir, key)
-    return logs[key]
-
-
-def summary(gw: Gateway, logs: dict[str | None, MetricsTail], tenant: str | None = None, *,
+def summary(gw: Gateway, tenant: str | None = None, *,
             sessions: int = 25, samples: int = 25) -> dict[str, Any]:
     """Everything on the main page, of every tenant or one (`tenant`). Versions are those of the
     adapter the tenant is served: the shared policy, or with per-tenant adapters its own (the
@@ -102,7 +95,7 @@ def summary(gw: Gateway, logs: dict[str | None, MetricsTail], tenant: str | None
     pool = gw.pool
     served_to = tenant or DEFAULT_TENANT
     adapter = gw.adapter_of(served_to)
-    trained = trainer_log(logs, gw, served_to).read()
+    trained = trained_in_pool(pool.policy_versions(adapter))
     ready = pool.lease_ready_times([lease for m in trained for lease in _leases(m)])
     # With per-tenant adapters, a version number means something only within one tenant's line.
     serving = pool.versions(served_to if gw.per_tenant else tenant)

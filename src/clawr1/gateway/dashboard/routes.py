@@ -90,7 +90,7 @@ def _tenant(request: Request) -> str | None:
 
 async def _summary(request: Request) -> dict[str, Any]:
     state = request.app.state
-    return await asyncio.to_thread(data.summary, state.gateway, state.trainer_logs, _tenant(request))
+    return await asyncio.to_thread(data.summary, state.gateway, _tenant(request))
 
 
 @router.get("/dashboard")
