@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from clawr1.bench.crash import run
+from benchmarks.crash import run
 from clawr1.core.config import load_config
 
 

@@ -6,8 +6,8 @@ import json
 from fastapi.testclient import TestClient
 from rich.console import Console
 
-from clawr1.bench import gateway as bench
-from clawr1.bench.fake import PIECES, REPLY, REPLY_IDS, REPLY_LOGPROBS, FakeEngine
+from benchmarks import gateway as bench
+from benchmarks.fake import PIECES, REPLY, REPLY_IDS, REPLY_LOGPROBS, FakeEngine
 from clawr1.core.config import load_config
 from clawr1.core.types import SamplingParams
 from clawr1.datapool import SQLitePool

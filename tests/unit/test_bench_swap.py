@@ -6,7 +6,7 @@ import json
 
 from rich.console import Console
 
-from clawr1.bench import swap as bench
+from benchmarks import swap as bench
 from clawr1.core.config import load_config
 
 

@@ -4,7 +4,7 @@ import io
 
 from rich.console import Console
 
-from clawr1.bench import trainer as bench
+from benchmarks import trainer as bench
 from clawr1.core.config import load_config
 
 

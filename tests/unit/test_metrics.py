@@ -8,7 +8,7 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from clawr1.bench.fake import FakeEngine
+from benchmarks.fake import FakeEngine
 from clawr1.core.config import load_config
 from clawr1.core.records import Step
 from clawr1.datapool import SQLitePool

@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from clawr1.bench.judge import run
+from benchmarks.judge import run
 from clawr1.core.config import load_config
 from clawr1.reward.judge import LLMJudge, RuleFirstJudge
 
@@ -42,7 +42,7 @@ def test_per_category_keeps_a_few_of_each():
 
 
 def test_env_labelled_tool_messages_carry_the_envs_own_verdicts():
-    from clawr1.bench.judge_tools import items
+    from benchmarks.judge_tools import items
     from clawr1.envs import make_env
 
     labelled = items(per_split=4)

@@ -7,6 +7,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -273,35 +274,49 @@ def cmd_pool(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
-def cmd_bench(args: argparse.Namespace, config: Config) -> int:
-    if args.what == "engine":
-        from clawr1.bench.engine import run
+def benchmark(name: str) -> Any:
+    """`benchmarks.<name>` from the checkout this clawr1 runs from (the benchmarks are not in the
+    installed package: `pip install -e .` from a clone has them beside `src/`)."""
+    import importlib
 
-        numbers = run(config, max_tokens=args.max_tokens, console=console)
+    import clawr1
+
+    root = Path(clawr1.__file__).resolve().parents[2]
+    if (root / "benchmarks" / "__init__.py").is_file() and str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    try:
+        return importlib.import_module(f"benchmarks.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("benchmarks", f"benchmarks.{name}"):
+            raise
+        raise ValueError(f"`clawr1 bench` runs from a checkout of Claw-R1 (benchmarks/ beside src/, installed "
+                         f"with pip install -e .); {root} has no benchmarks/{name}.py") from exc
+
+
+def cmd_bench(args: argparse.Namespace, config: Config) -> int:
+    try:
+        bench = benchmark(args.what.replace("-", "_"))
+    except ValueError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        return 2
+    if args.what == "engine":
+        numbers = bench.run(config, max_tokens=args.max_tokens, console=console)
     elif args.what == "pool":
         import tempfile
 
-        from clawr1.datapool.bench import bench_pool
-
         with tempfile.TemporaryDirectory(prefix="clawr1-bench-pool-") as tmp:  # never the user's pool
-            numbers = bench_pool(Path(tmp), steps=args.steps, config=config.pool)
+            numbers = bench.bench_pool(Path(tmp), steps=args.steps, config=config.pool)
     elif args.what == "gateway":
-        from clawr1.bench.gateway import run as run_gateway
-
-        numbers = run_gateway(config, console, requests=args.requests, include_litellm=not args.no_litellm,
-                              durable_both=args.durable == "both")
+        numbers = bench.run(config, console, requests=args.requests, include_litellm=not args.no_litellm,
+                            durable_both=args.durable == "both")
     elif args.what == "trainer":
-        from clawr1.bench.trainer import run as run_trainer
-
-        numbers = run_trainer(config, console, device=args.device, dtype=args.dtype, shape=args.shape,
-                              samples=args.samples, reply_tokens=args.reply_tokens,
-                              micro_batches=tuple(int(m) for m in args.micro_batches.split(",")),
-                              grad_checkpointing=args.grad_checkpointing, nproc=args.nproc,
-                              finetune=args.finetune)
-    else:  # judge, swap, latency: each module's run(config, console)
-        import importlib
-
-        numbers = importlib.import_module(f"clawr1.bench.{args.what.replace('-', '_')}").run(config, console)
+        numbers = bench.run(config, console, device=args.device, dtype=args.dtype, shape=args.shape,
+                            samples=args.samples, reply_tokens=args.reply_tokens,
+                            micro_batches=tuple(int(m) for m in args.micro_batches.split(",")),
+                            grad_checkpointing=args.grad_checkpointing, nproc=args.nproc,
+                            finetune=args.finetune)
+    else:  # judge, judge-tools, swap, latency, scale, crash: each module's run(config, console)
+        numbers = bench.run(config, console)
     if args.json:
         print(json.dumps(numbers))
     return 0

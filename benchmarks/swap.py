@@ -37,8 +37,8 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from clawr1.bench.fake import run_loop
-from clawr1.bench.gateway import Server, percentile, start
+from benchmarks.fake import run_loop
+from benchmarks.gateway import Server, percentile, start
 from clawr1.core.config import Config, TrainerConfig, load_config
 from clawr1.engine import adapters
 from clawr1.engine.models import resolve_model
@@ -199,7 +199,7 @@ async def _bench(config: Config, model_path: Path, workdir: Path, clients: int, 
                  start_timeout_s: float) -> tuple[list[Call], list[Swap], dict[str, float]]:
     config_json, swaps_out = workdir / "config.json", workdir / "swaps.json"
     config_json.write_text(config.model_dump_json())
-    server = start("gateway", [sys.executable, "-m", "clawr1.bench.swap", "--serve-port", "{port}", "--serve-config",
+    server = start("gateway", [sys.executable, "-m", "benchmarks.swap", "--serve-port", "{port}", "--serve-config",
                                str(config_json), "--swaps-out", str(swaps_out)], workdir,
                    token=config.gateway.api_keys[0] if config.gateway.api_keys else None)
     calls: list[Call] = []

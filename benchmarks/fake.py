@@ -4,7 +4,7 @@
   logprobs; the gateway serves and records it exactly as it would a LocalEngine generation.
 - `make_app()` is an OpenAI-compatible HTTP server (aiohttp) returning the same reply, plain or as SSE
   with the same chunks the gateway sends (role, one per token, finish, `[DONE]`). It is the "direct"
-  backend and the upstream of the proxies we compare against: `python -m clawr1.bench.fake --port P`.
+  backend and the upstream of the proxies we compare against: `python -m benchmarks.fake --port P`.
 """
 
 from __future__ import annotations

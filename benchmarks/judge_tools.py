@@ -80,7 +80,7 @@ def items(per_split: int = PER_SPLIT) -> list[Item]:
 
 def run(config: Config, console: Console | None = None) -> dict[str, Any]:
     """Rules alone, the classifier alone and both (the default judge) on the env-labelled turns."""
-    from clawr1.bench.judge import run as bench
+    from benchmarks.judge import run as bench
     from clawr1.reward.classifier import ClassifierJudge
     from clawr1.reward.factory import classifier_available
 

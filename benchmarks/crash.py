@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from clawr1.bench.gateway import Server, exchange, request_bytes, start
+from benchmarks.gateway import Server, exchange, request_bytes, start
 from clawr1.core.config import Config
 from clawr1.datapool import POOL_FILE
 
@@ -68,7 +68,7 @@ def _wait_ready(server: Server, timeout: float = 60.0) -> None:
 
 
 async def _cycle(config_json: Path, workdir: Path, clients: int, rng: random.Random) -> list[str]:
-    server = start("crash", [sys.executable, "-m", "clawr1.bench.gateway", "--serve-port", "{port}",
+    server = start("crash", [sys.executable, "-m", "benchmarks.gateway", "--serve-port", "{port}",
                              "--serve-config", str(config_json)], workdir)
     try:
         await asyncio.to_thread(_wait_ready, server)

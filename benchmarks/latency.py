@@ -40,8 +40,8 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from clawr1.bench.gateway import Server, start
-from clawr1.bench.swap import version_of
+from benchmarks.gateway import Server, start
+from benchmarks.swap import version_of
 from clawr1.core.config import Config, load_config, to_toml
 from clawr1.engine import adapters
 from clawr1.engine.models import resolve_model

@@ -1,8 +1,8 @@
 """Gateway benchmark: what the gateway adds over calling a backend directly, next to other proxies.
 
 Targets, each in its own process so the load generator never shares a GIL with a server:
-- `direct`: the fake OpenAI-compatible backend (`clawr1.bench.fake`), answering a fixed 16-token reply;
-- `passthrough`: a minimal aiohttp proxy in front of it (`clawr1.bench.passthrough`), the lean floor;
+- `direct`: the fake OpenAI-compatible backend (`benchmarks.fake`), answering a fixed 16-token reply;
+- `passthrough`: a minimal aiohttp proxy in front of it (`benchmarks.passthrough`), the lean floor;
 - `gateway`: ours, `create_app(FakeEngine(), SQLitePool(tmp), config)` under uvicorn, recording on;
 - `litellm`: LiteLLM's proxy in front of the fake backend, when the `litellm` executable is found
   (`$CLAWR1_LITELLM` or PATH; install `litellm[proxy]` in a separate venv).
@@ -38,7 +38,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from clawr1.bench.fake import REPLY, run_loop
+from benchmarks import child_env
+from benchmarks.fake import REPLY, run_loop
 from clawr1.core.config import Config, load_config
 
 MODES = ("plain", "stream")
@@ -98,7 +99,7 @@ def start(name: str, argv: list[str], workdir: Path, env: dict[str, str] | None 
     log = workdir / f"{name}.log"
     with log.open("wb") as out:  # the child keeps its own descriptor
         proc = subprocess.Popen([a.replace("{port}", str(port)) for a in argv], stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, cwd=workdir)
+                                stdin=subprocess.DEVNULL, env=child_env(env), cwd=workdir)
     return Server(name, port, proc, log, token)
 
 
@@ -128,7 +129,7 @@ def serve_gateway(config_json: Path, port: int) -> None:
 
     import uvicorn
 
-    from clawr1.bench.fake import FakeEngine
+    from benchmarks.fake import FakeEngine
     from clawr1.datapool import open_pool
     from clawr1.gateway.app import create_app
     from clawr1.gateway.server import tune_gc
@@ -336,20 +337,20 @@ async def _bench(config: Config, console: Console, workdir: Path, requests: int,
 
     py = sys.executable
     with progress:
-        backend = start(DIRECT, [py, "-m", "clawr1.bench.fake", "--port", "{port}"], workdir)
+        backend = start(DIRECT, [py, "-m", "benchmarks.fake", "--port", "{port}"], workdir)
         try:
             await bench_target(backend)
             upstream = f"http://127.0.0.1:{backend.port}"
             launchers = {
-                "passthrough": lambda: start("passthrough", [py, "-m", "clawr1.bench.passthrough", "--port", "{port}",
+                "passthrough": lambda: start("passthrough", [py, "-m", "benchmarks.passthrough", "--port", "{port}",
                                                              "--upstream", upstream], workdir),
-                OURS: lambda: start(OURS, [py, "-m", "clawr1.bench.gateway", "--serve-port", "{port}",
+                OURS: lambda: start(OURS, [py, "-m", "benchmarks.gateway", "--serve-port", "{port}",
                                            "--serve-config", str(config_json)], workdir,
                                     token=config.gateway.api_keys[0] if config.gateway.api_keys else None),
             }
             if durable_both:
                 launchers[REPLY_FIRST] = lambda: start(
-                    REPLY_FIRST, [py, "-m", "clawr1.bench.gateway", "--serve-port", "{port}", "--serve-config",
+                    REPLY_FIRST, [py, "-m", "benchmarks.gateway", "--serve-port", "{port}", "--serve-config",
                                   str(fast_json)], workdir,
                     token=config.gateway.api_keys[0] if config.gateway.api_keys else None)
             if litellm:

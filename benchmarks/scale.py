@@ -25,6 +25,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks import child_env
 from clawr1.core.config import Config
 
 
@@ -94,12 +95,12 @@ def _answers(base: str) -> bool:
         return False
 
 
-WRITER = "clawr1.bench.scale"
+WRITER = "benchmarks.scale"
 
 
 def writer_main(backend: str, where: str, gateway: int, steps: int, start_at: float) -> None:
     """One gateway process: `steps` steps of its own sessions from 8 threads; prints its timings."""
-    from clawr1.datapool.bench import bench_step
+    from benchmarks.pool import bench_step
     from clawr1.datapool.postgres import PostgresPool
     from clawr1.datapool.sqlite import SQLitePool
 
@@ -120,7 +121,8 @@ def writer_main(backend: str, where: str, gateway: int, steps: int, start_at: fl
 def pool_writes(backend: str, where: str, gateways: int, steps: int) -> dict[str, Any]:
     start_at = time.time() + 3.0  # every process has loaded and built its steps by then
     procs = [subprocess.Popen([sys.executable, "-m", WRITER, "--writer", backend, where, str(g), str(steps),
-                               str(start_at)], stdout=subprocess.PIPE, text=True) for g in range(gateways)]
+                               str(start_at)], stdout=subprocess.PIPE, text=True, env=child_env())
+             for g in range(gateways)]
     outs = [json.loads(p.communicate(timeout=900)[0].strip().splitlines()[-1]) for p in procs]
     if any(p.returncode for p in procs):
         raise RuntimeError(f"a {backend} writer failed")

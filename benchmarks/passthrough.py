@@ -2,7 +2,7 @@
 forwards `/v1/...` to an upstream over one pooled client session and streams the reply back as it
 arrives. It parses nothing and records nothing, so it is close to the floor for any Python proxy.
 
-    python -m clawr1.bench.passthrough --port P --upstream http://127.0.0.1:Q
+    python -m benchmarks.passthrough --port P --upstream http://127.0.0.1:Q
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import argparse
 import aiohttp
 from aiohttp import web
 
-from clawr1.bench.fake import run_loop, serve_forever
+from benchmarks.fake import run_loop, serve_forever
 
 HOP_HEADERS = {"content-type", "cache-control"}  # what the reply needs; hop-by-hop headers stay behind
 
