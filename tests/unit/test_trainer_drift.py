@@ -229,3 +229,23 @@ def test_run_once_acks_every_lease_of_a_version_after_its_checkpoint(tiny_model_
         resumed = Trainer(config, pool)  # acks all four leases
         assert pool.stats()["consumed"] == 4 and resumed.reward_baseline == trainer.reward_baseline
         assert all(torch.equal(resumed.policy.named_state()[n], t) for n, t in ema.items())
+
+
+def test_the_teacher_reads_the_hint_where_hint_at_says(tiny_model_dir, tmp_path, generations):
+    from clawr1.trainer.batch import SYSTEM_HINT_PREFIX, with_hint
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    on_user, on_system = with_hint(messages, "No bold.", "user"), with_hint(messages, "No bold.", "system")
+    assert on_user[0] == messages[0] and on_user[1]["content"].endswith("No bold.")
+    assert on_system[0]["content"] == "Be brief." + SYSTEM_HINT_PREFIX + "No bold." and on_system[1] == messages[1]
+    assert with_hint(messages[1:], "No bold.", "system")[0]["role"] == "system"  # one is added when there is none
+    assert messages[0]["content"] == "Be brief."  # the step's own messages are never changed
+    # The OPD advantages of one batch follow the teacher's context: a different placement, other numbers.
+    samples = [TrainSample(step_of(i, *generations[i]), -1.0, hint="Answer in one short sentence.") for i in range(4)]
+    opd = {}
+    for at in ("user", "system"):
+        config = config_for(tiny_model_dir, tmp_path / at, 'trainer.method="opd"', f'trainer.hint_at="{at}"')
+        with SQLitePool(tmp_path / at, config.pool) as pool:
+            trainer = Trainer(config, pool, resume=False)
+            opd[at] = prepare(trainer.policy, samples, trainer.tc, torch.zeros(len(samples))).advantage
+    assert opd["user"].abs().sum() > 0 and not torch.allclose(opd["user"], opd["system"])

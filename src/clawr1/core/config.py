@@ -410,6 +410,12 @@ class TrainerConfig(_Section):
     rate, because the 135M base with a complaint in its context is itself a poor teacher; so the
     default stays `sampled`."""
 
+    hint_at: Literal["user", "system"] = "user"
+    """Where the OPD teacher reads the hint: `user`, appended to the turn's last user message (as
+    OpenClaw-RL does); `system`, as guidance in the system prompt. A small teacher reads a hint in
+    the user's message as a complaint to answer (apologies, a changed topic); in the system prompt
+    as an instruction about how to answer the same question."""
+
     opd_clip: float = Field(2.0, gt=0, le=100)
     """OPD advantage bound: teacher - behaviour logprob per token is clipped to [-opd_clip, opd_clip]."""
 

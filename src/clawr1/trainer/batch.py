@@ -27,6 +27,7 @@ from clawr1.trainer.losses import (
 from clawr1.trainer.policy import Policy, Rows, pack
 
 HINT_PREFIX = "\n\n[Hint from what happened next] "
+SYSTEM_HINT_PREFIX = "\n\nWhat happened after an earlier answer, to follow in this one: "
 
 
 @dataclass
@@ -49,9 +50,15 @@ def load_samples(pool: Any, lease: Any) -> list[TrainSample]:
             for step, sample in zip(steps, lease.samples, strict=True)]
 
 
-def with_hint(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:
-    """The turn's context as the teacher sees it: the hint appended to the last user message."""
+def with_hint(messages: list[dict[str, Any]], hint: str, at: str = "user") -> list[dict[str, Any]]:
+    """The turn's context as the teacher sees it: the hint appended to the last user message
+    (`at="user"`), or to the system prompt (`"system"`; one is added in front when there is none)."""
     out = [dict(m) for m in messages]
+    if at == "system":
+        if out and out[0].get("role") in ("system", "developer"):
+            out[0]["content"] = text_of(out[0].get("content"), "content") + SYSTEM_HINT_PREFIX + hint
+            return out
+        return [{"role": "system", "content": SYSTEM_HINT_PREFIX.strip() + " " + hint}, *out]
     for message in reversed(out):
         if message.get("role") == "user":
             message["content"] = text_of(message.get("content"), "content") + HINT_PREFIX + hint
@@ -152,9 +159,9 @@ def _teacher(policy: Policy, config: TrainerConfig) -> Iterator[None]:
         yield
 
 
-def _teacher_rows(policy: Policy, samples: list[TrainSample], index: list[int]) -> Rows:
+def _teacher_rows(policy: Policy, samples: list[TrainSample], index: list[int], at: str) -> Rows:
     """The hinted samples' replies after their hint-augmented contexts, right-aligned like `pack`."""
-    prompts = [policy.render(with_hint(samples[i].step.messages, samples[i].hint or ""), samples[i].step.tools)
+    prompts = [policy.render(with_hint(samples[i].step.messages, samples[i].hint or "", at), samples[i].step.tools)
                for i in index]
     return pack(prompts, [samples[i].step.token_ids for i in index], [samples[i].step.temperature for i in index],
                 policy.pad_id)
@@ -180,7 +187,7 @@ def _opd(policy: Policy, samples: list[TrainSample], rows: Rows, behaviour: torc
     (zero on the tokens of samples without a hint)."""
     index = [i for i, s in enumerate(samples) if s.hint]
     with _teacher(policy, config):
-        teacher = policy.logprobs(_teacher_rows(policy, samples, index))
+        teacher = policy.logprobs(_teacher_rows(policy, samples, index, config.hint_at))
     hinted = rows.mask * torch.tensor([bool(s.hint) for s in samples])[:, None]
     teacher = _right_aligned(teacher.cpu(), samples, index, rows.targets.shape[1])
     return opd_advantage(teacher, behaviour, config.opd_clip) * hinted
@@ -194,5 +201,5 @@ def _teacher_hidden(policy: Policy, samples: list[TrainSample], rows: Rows,
     whole vocabulary at every reply position (`opd_estimator = "full"`)."""
     index = [i for i, s in enumerate(samples) if s.hint]
     with _teacher(policy, config):
-        hidden, head = policy.hidden(_teacher_rows(policy, samples, index)), policy.head.detach()
+        hidden, head = policy.hidden(_teacher_rows(policy, samples, index, config.hint_at)), policy.head.detach()
     return _right_aligned(hidden, samples, index, rows.targets.shape[1]), head

@@ -192,7 +192,7 @@ class TinkerTrainer:
         if self.tc.method != "rl":
             hinted = [i for i, s in enumerate(samples) if s.hint and s.step.token_ids]
             teachers = self._logprobs(self.base, [(self.chat.render(with_hint(samples[i].step.messages,
-                                                                               samples[i].hint or ""),
+                                                                               samples[i].hint or "", self.tc.hint_at),
                                                                      samples[i].step.tools),
                                                    samples[i].step.token_ids) for i in hinted])
             for i, teacher in zip(hinted, teachers, strict=True):
