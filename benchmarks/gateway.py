@@ -127,12 +127,10 @@ def serve_gateway(config_json: Path, port: int) -> None:
     """The `gateway` target's process: our app on the fake engine, recording into `config.data_dir`."""
     import importlib.util
 
-    import uvicorn
-
     from benchmarks.fake import FakeEngine
     from clawr1.datapool import open_pool
+    from clawr1.entrypoints.server import make_server, tune_gc
     from clawr1.gateway.app import create_app
-    from clawr1.gateway.server import tune_gc
 
     config = Config.model_validate_json(config_json.read_text())
     pool = open_pool(config)  # as `clawr1 serve` opens it (with durable replies: no commit linger)
@@ -141,8 +139,7 @@ def serve_gateway(config_json: Path, port: int) -> None:
     http = "httptools" if importlib.util.find_spec("httptools") else "h11"
     app = create_app(FakeEngine(), pool, config)
     tune_gc()  # as `clawr1 serve` does
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, loop=loop, http=http,
-                                           log_level="warning", access_log=False, lifespan="on"))
+    server = make_server(app, port=port, loop=loop, http=http, lifespan="on")
     try:
         server.run()
     except KeyboardInterrupt:

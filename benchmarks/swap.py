@@ -110,12 +110,10 @@ class Publisher:
 def serve(config_json: Path, port: int, swaps_out: Path) -> None:
     """The gateway's process: real engine, SQLite pool, uvicorn; on exit it writes the gateway's
     swap record (wall time loaded, adapter, version, load seconds) and the engine's slot loads to `swaps_out`."""
-    import uvicorn
-
     from clawr1.datapool import SQLitePool
     from clawr1.engine import load_engine
+    from clawr1.entrypoints.server import make_server, tune_gc
     from clawr1.gateway.app import create_app
-    from clawr1.gateway.server import tune_gc
 
     config = Config.model_validate_json(config_json.read_text())
 
@@ -125,8 +123,7 @@ def serve(config_json: Path, port: int, swaps_out: Path) -> None:
         pool = SQLitePool(config.data_dir, config.pool)
         app = create_app(engine, pool, config)
         tune_gc()  # as `clawr1 serve` does
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                               access_log=False, lifespan="on"))
+        server = make_server(app, port=port, lifespan="on")
         try:
             await server.serve()
         finally:

@@ -6,16 +6,15 @@ import contextlib
 import signal
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import uvicorn
 
 from clawr1.core.config import load_config
 from clawr1.datapool import DataPool, open_pool
+from clawr1.entrypoints.server import in_thread, make_server
 from clawr1.gateway.app import create_app
 
 
@@ -31,21 +30,12 @@ def live_gateway(engine, data_dir: Path, *overrides: str, wrap_pool=None) -> Ite
     what the gateway gets instead of the pool (a fault injected in front of the real one)."""
     config = load_config(None, [f'data_dir="{data_dir}"', *overrides])
     pool = open_pool(config)  # the SQLite file in data_dir, or pool.backend = "postgres"
-    port = free_port()
     served = wrap_pool(pool) if wrap_pool else pool
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, served, config), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    assert server.started, "the gateway did not start"
+    server = make_server(create_app(engine, served, config))
     try:
-        yield f"http://127.0.0.1:{port}", pool
+        with in_thread(server, server.serve, name="test-gateway", start_timeout_s=20) as background:
+            yield f"http://127.0.0.1:{background.port}", pool
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
         pool.close()
 
 

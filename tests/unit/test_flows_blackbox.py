@@ -14,9 +14,9 @@ import pytest
 from clawr1.cli import main as cli
 from clawr1.core.config import load_config
 from clawr1.datapool import SQLitePool
+from clawr1.entrypoints import blackbox
+from clawr1.entrypoints.blackbox import run_agent, run_process
 from clawr1.envs.base import Env, Task
-from clawr1.flows import blackbox
-from clawr1.flows.blackbox import run_agent, run_process
 from tests.gateway_helpers import live_gateway
 
 AGENT = [sys.executable, str(Path(__file__).parents[1] / "agents" / "echo_agent.py")]

@@ -101,7 +101,8 @@ def certificate(tmp_path_factory):
 def test_the_gateway_serves_tls_to_the_openai_client(tiny_model_dir, tmp_path, certificate):
     from clawr1.core.config import EngineConfig
     from clawr1.engine.local import LocalEngine
-    from clawr1.gateway.server import check_exposure, serve
+    from clawr1.entrypoints.serve import serve
+    from clawr1.gateway.server import check_exposure
 
     cert, key = certificate
     port = free_port()

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
-import time
 
 import httpx
 import pytest
 import torch
-import uvicorn
 from transformers import AutoModelForCausalLM
 
 from clawr1.core.config import EngineConfig
@@ -19,6 +16,7 @@ from clawr1.core.types import EngineFailure, SamplingParams
 from clawr1.engine import adapters as store
 from clawr1.engine.local import LocalEngine
 from clawr1.engine.sglang import SGLangEngine
+from clawr1.entrypoints.server import in_thread, make_server
 from tests.conftest import run
 from tests.gateway_helpers import free_port, live_gateway, steps_of
 from tests.sglang_fake import sglang_app
@@ -30,15 +28,9 @@ def served(tiny_model_dir):
     """(url, fake app, the local engine behind it)."""
     backend = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8))
     app = sglang_app(backend)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}", app, backend
-    server.should_exit = True
-    thread.join(timeout=10)
+    server = make_server(app)
+    with in_thread(server, server.serve, name="fake-sglang", start_timeout_s=30) as background:
+        yield f"http://127.0.0.1:{background.port}", app, backend
     run(backend.close())
 
 

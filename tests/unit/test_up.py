@@ -131,5 +131,5 @@ def test_up_trains_on_the_postgres_pool_and_keeps_its_dsn_private(tiny_model_dir
         interrupt(proc)
     err = proc.stderr.read()
     assert proc.returncode == 0, err[-2000:]
-    assert dsn not in err and "restarting it" not in err
+    assert dsn not in err and "starting it again" not in err
     assert not list((tmp_path / "data" / "run").glob("*.toml"))  # removed when up stopped

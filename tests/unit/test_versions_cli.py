@@ -47,3 +47,14 @@ def test_pruning_keeps_the_newest_and_the_protected(tiny_model_dir, tmp_path):
     removed = store.prune(root, "policy", keep=2, protect={1, 3})
     assert removed == [2, 4] and store.published(root, "policy") == [1, 3, 5, 6]
     assert store.newest(root, "policy")[0] == 6
+
+
+def test_the_command_line_starts_without_torch():
+    """`clawr1 versions`, `config`, `--help` read files and print: they must not pay the seconds
+    torch and transformers take to import (the engine and the trainer import them when they run)."""
+    import subprocess
+    import sys
+
+    probe = "import sys, clawr1.cli.main; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -16,9 +16,11 @@ from clawr1.cli import export as export_cli
 from clawr1.cli import openclaw as openclaw_cli
 from clawr1.cli import tasks as tasks_cli
 from clawr1.cli import versions as versions_cli
-from clawr1.cli.roles import cmd_train, cmd_up, say
 from clawr1.core.config import Config, load_config, to_toml
 from clawr1.core.types import EngineError, SamplingParams
+from clawr1.entrypoints.serve import cmd_serve
+from clawr1.entrypoints.train import cmd_train
+from clawr1.entrypoints.up import cmd_up
 
 console = Console()
 err_console = Console(stderr=True)
@@ -89,26 +91,6 @@ def cmd_chat(args: argparse.Namespace, config: Config) -> int:
     return asyncio.run(run())
 
 
-def cmd_serve(args: argparse.Namespace, config: Config) -> int:
-    from clawr1.gateway.server import UnsafeBindError, serve
-
-    def ready(port: int, note: str) -> None:
-        url = f"{config.gateway.scheme}://{config.gateway.host}:{port}/v1"
-        board = f"{config.gateway.scheme}://{config.gateway.host}:{port}/dashboard"
-        say(config, f"[green]Claw-R1 gateway[/green] on {url} (model {config.engine.model}, data {config.data_dir}); "
-            f"dashboard {board}; {note}", f"gateway on {url}; {note}", url=url, dashboard=board,
-            model=config.engine.model, data_dir=config.data_dir)
-
-    try:
-        asyncio.run(serve(config, on_ready=ready))
-    except UnsafeBindError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
-        return 2
-    except KeyboardInterrupt:
-        pass
-    return 0
-
-
 def cmd_demo(args: argparse.Namespace, config: Config) -> int:
     from clawr1.demo.run import DemoSettings, run_demo
 
@@ -174,10 +156,10 @@ def cmd_eval(args: argparse.Namespace, config: Config) -> int:
 
 
 def cmd_train_flow(args: argparse.Namespace, config: Config) -> int:
+    from clawr1.entrypoints.whitebox import train_flow
     from clawr1.envs import task_set
     from clawr1.flows import load_flow
     from clawr1.flows.rollouts import results_table, summary
-    from clawr1.flows.whitebox import train_flow
 
     try:
         flow_class, tasks = load_flow(args.flow), task_set(args.tasks)
@@ -206,8 +188,8 @@ def cmd_train_flow(args: argparse.Namespace, config: Config) -> int:
 
 
 def cmd_run_agent(args: argparse.Namespace, config: Config) -> int:
+    from clawr1.entrypoints.blackbox import run_agent
     from clawr1.envs import task_set
-    from clawr1.flows.blackbox import run_agent
     from clawr1.flows.rollouts import results_table, summary
 
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd

@@ -141,18 +141,17 @@ class TrainerWorker:
                         else Trainer(self.config, pool, ranks=self.ranks))
 
     def run(self) -> None:
-        # Rank 0 decides when every rank stops (a rank leaving alone would hang the others).
-        while not self.ranks.broadcast(self.stop_event.is_set()):
-            metrics = self.trainer.run_once()
-            if metrics is None:
-                if self.ranks.lead:
-                    self.stop_event.wait(0.5)
-                continue
-            if self.ranks.lead:
-                self.published.append({k: metrics[k] for k in ("version", "lease", "loss") if k in metrics})
-                log.info("published v%s", metrics["version"])
-        self.trainer.close()
-        self.ranks.close()
+        from clawr1.trainer.loop import train_until
+
+        def published(metrics: dict[str, Any]) -> None:
+            self.published.append({k: metrics[k] for k in ("version", "lease", "loss") if k in metrics})
+            log.info("published v%s", metrics["version"])
+
+        try:
+            train_until(self.trainer, self.stop_event, self.ranks, 0.5, on_version=published)
+        finally:
+            self.trainer.close()
+            self.ranks.close()
 
     def stop(self) -> None:
         self.stop_event.set()

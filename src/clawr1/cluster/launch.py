@@ -1,4 +1,5 @@
-"""`clawr1 up --ray` / `clawr1 up --ray-address ADDR`: the main job with its roles as Ray actors.
+"""`clawr1 up --ray` / `clawr1 up --ray-address ADDR`: the main job with its roles as Ray actors
+(the Ray counterpart of `clawr1.entrypoints.up`; the one supervisor restarts their loops).
 
 The gateway runs in this process (it is the HTTP front door and binds like `clawr1 up`); engine
 replicas, the pool service, the trainer and the judge workers are actors named in
@@ -10,11 +11,13 @@ storage every node sees (adapters, checkpoints, and the SQLite pool unless `pool
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from clawr1.core.config import Config
+from clawr1.entrypoints.supervise import keep_running
 
 log = logging.getLogger(__name__)
 
@@ -67,31 +70,19 @@ async def keep_group_running(config: Config, pool: Any, group: list[list[Any]]) 
     version in the making comes back. `group[0]` is the running group (for the shutdown)."""
     import ray
 
-    generation = 0
-    while True:
-        ranks = await asyncio.to_thread(trainer_group, config, pool, generation)
+    generations = itertools.count()
+
+    async def run_group() -> None:
+        ranks = await asyncio.to_thread(trainer_group, config, pool, next(generations))
         group[:] = [ranks]
         try:
             await asyncio.gather(*[rank.run.remote() for rank in ranks])
-            return
-        except Exception as error:
-            log.error("a trainer rank failed (%s); forming the group again", type(error).__name__)
+        except Exception:
             for rank in ranks:
                 ray.kill(rank, no_restart=True)
-            generation += 1
-            await asyncio.sleep(2.0)
+            raise
 
-
-async def keep_running(name: str, call: Callable[[], Any]) -> None:
-    """A long-running actor method (the trainer's and the judges' loops): when its actor dies, Ray
-    restarts the actor, and this starts the loop on it again."""
-    while True:
-        try:
-            await call()
-            return
-        except Exception as error:
-            log.error("%s stopped (%s); starting it again", name, type(error).__name__)
-            await asyncio.sleep(2.0)
+    await keep_running("the trainer ranks", run_group)
 
 
 def up_ray(config: Config, address: str | None, on_ready: Callable[[int, str], None]) -> None:
@@ -100,8 +91,8 @@ def up_ray(config: Config, address: str | None, on_ready: Callable[[int, str], N
     from clawr1.cluster.pool import RayPool
     from clawr1.cluster.router import RouterEngine
     from clawr1.engine.models import resolve_model
+    from clawr1.entrypoints.serve import serve
     from clawr1.gateway.service import Gateway
-    from clawr1.gateway.server import serve
 
     # Without an address Ray starts a local instance for this job ("local": never a cluster some
     # earlier `ray start` left in /tmp/ray), its dashboard off (one less port).

@@ -5,11 +5,21 @@ vLLM and SGLang stand behind it (`engine.backend`)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from clawr1.core.config import Config
 from clawr1.engine.base import Engine, GenerationStream
-from clawr1.engine.local import LocalEngine
 from clawr1.engine.models import resolve_model
+
+
+def __getattr__(name: str) -> Any:
+    """`LocalEngine` on first use: importing it imports torch and transformers (seconds), which a
+    CLI command that only reads the adapter store (`clawr1 versions`) should not pay."""
+    if name == "LocalEngine":
+        from clawr1.engine.local import LocalEngine
+
+        return LocalEngine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def load_engine(config: Config) -> Engine:
@@ -18,6 +28,8 @@ def load_engine(config: Config) -> Engine:
     path: Path = resolve_model(config.engine.model, config.data_dir)
     backend = config.engine.backend
     if backend == "local":
+        from clawr1.engine.local import LocalEngine
+
         return LocalEngine.load(path, config.engine)
     if backend == "tinker":
         from clawr1.engine.tinker import TinkerEngine

@@ -159,7 +159,7 @@ def _teacher(policy: Policy, config: TrainerConfig) -> Iterator[None]:
         yield
 
 
-def _teacher_rows(policy: Policy, samples: list[TrainSample], index: list[int], at: str) -> Rows:
+def _teacher_rows(policy: Policy, samples: list[TrainSample], index: list[int], at: str = "user") -> Rows:
     """The hinted samples' replies after their hint-augmented contexts, right-aligned like `pack`."""
     prompts = [policy.render(with_hint(samples[i].step.messages, samples[i].hint or "", at), samples[i].step.tools)
                for i in index]

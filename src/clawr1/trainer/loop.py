@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -380,9 +381,25 @@ class Trainer:
 
     def run(self, stop: Any) -> None:
         """Train until `stop.is_set()`; idle polls are cheap reads."""
-        while not stop.is_set():
-            if self.run_once() is None:
-                stop.wait(self.tc.poll_s)
+        train_until(self, stop, self.ranks, self.tc.poll_s)
+
+
+def train_until(trainer: Any, stop: Any, ranks: Ranks | None = None, poll_s: float = 0.5,
+                on_version: Callable[[dict[str, Any]], None] | None = None) -> None:
+    """The trainer's outer loop, the one every trainer process runs (`clawr1 train`, the Ray
+    trainer actors, `Trainer.run`): `trainer.run_once()` (a `Trainer`, `TenantTrainers` or
+    `TinkerTrainer`), an idle wait of `poll_s` when it made no version, until `stop` (an Event) is
+    set. With ranks, rank 0 decides when every rank stops (a rank leaving alone would hang the
+    others) and only it reports versions to `on_version(metrics)`."""
+    ranks = ranks or Ranks()
+    while not ranks.broadcast(stop.is_set()):
+        metrics = trainer.run_once()
+        if metrics is None:
+            if ranks.lead:
+                stop.wait(poll_s)
+            continue
+        if ranks.lead and on_version is not None:
+            on_version(metrics)
 
 
 # ---- helpers of `train_step` ---------------------------------------------------------------------

@@ -283,9 +283,9 @@ class TinkerTrainer:
         self.history.close()
 
     def run(self, stop: Any) -> None:
-        while not stop.is_set():
-            if self.run_once() is None:
-                stop.wait(self.tc.poll_s)
+        from clawr1.trainer.loop import train_until
+
+        train_until(self, stop, poll_s=self.tc.poll_s)
 
 
 __all__ = ["TinkerTrainer", "service_client"]

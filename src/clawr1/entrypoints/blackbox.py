@@ -39,6 +39,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from clawr1.core.config import Config
+from clawr1.entrypoints.inprocess import serve_in_process, wait_judged
 from clawr1.envs.base import Task
 from clawr1.flows.rollouts import (
     NO_KEY,
@@ -52,7 +53,6 @@ from clawr1.flows.rollouts import (
     plan,
     rollout_url,
 )
-from clawr1.flows.serving import serve_in_process, wait_judged
 from clawr1.reward.types import Judge
 
 STDERR_TAIL = 800

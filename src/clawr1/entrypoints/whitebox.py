@@ -29,11 +29,11 @@ from rich.progress import Progress
 
 from clawr1.core.config import Config
 from clawr1.core.records import POLICY
+from clawr1.entrypoints.inprocess import Served, serve_in_process, wait_judged
 from clawr1.envs.base import Task
 from clawr1.flows.base import AgentFlow
 from clawr1.flows.evaluate import TaskEval, evaluate_tasks, grouped
 from clawr1.flows.rollouts import NO_KEY, Rollout, RolloutResult, close_session, new_run_id, plan, rollout_url
-from clawr1.flows.serving import Served, serve_in_process, wait_judged
 from clawr1.reward.types import Judge
 from clawr1.trainer.loop import Trainer
 

@@ -1,100 +1,20 @@
-"""The long-running commands: `clawr1 train` (one trainer, or N data-parallel ranks) and `clawr1 up`
-(the gateway and judge here, the trainer as a child process, and the inference server when `up`
-starts it; or every role as Ray actors). Status lines go through `say`: rich markup on a
-terminal, JSON log records under `log_format = "json"`."""
+"""`clawr1 up`: the main job. Here: the gateway and the judge in this process, the trainer as a
+child process kept running by the supervisor, and the inference server when `up` starts it. With
+`--ray`: every role as Ray actors (`clawr1.cluster.launch`)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from clawr1.core.config import Config, to_toml
-
-err_console = Console(stderr=True)
-
-
-def say(config: Config, markup: str, message: str, **fields: object) -> None:
-    """A status line of a long-running command: rich markup on a terminal; under `log_format =
-    "json"` a log record with its fields instead, so every line a log shipper reads is JSON."""
-    if config.log_format == "json":
-        logging.getLogger("clawr1.cli").info(message, extra=fields)
-    else:
-        err_console.print(markup)
-
-
-def cmd_train(args: argparse.Namespace, config: Config) -> int:
-    import threading
-
-    from clawr1.datapool import open_pool
-    from clawr1.trainer.checkpoint import exists as checkpoint_exists
-    from clawr1.trainer.loop import Trainer
-    from clawr1.trainer.ranks import Ranks
-    from clawr1.trainer.tenants import TenantTrainers
-
-    if args.resume and not checkpoint_exists(config.data_dir):
-        err_console.print(f"[red]error:[/red] --resume: no trainer checkpoint under {config.data_dir}")
-        return 1
-    if args.nproc > 1 and config.trainer.backend == "tinker":
-        err_console.print("[red]error:[/red] --nproc > 1 is for local ranks; trainer.backend = \"tinker\" trains on "
-                          "the service")
-        return 2
-    if args.nproc > 1 and config.tenants.adapter_per_tenant:
-        err_console.print("[red]error:[/red] --nproc > 1 trains the shared adapter; per-tenant adapters train "
-                          "in one process")
-        return 2
-    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:  # the launcher: N copies of this command as ranks
-        from clawr1.trainer.ranks import launch
-
-        return launch([sys.executable, "-m", "clawr1.cli.main", *args.argv], args.nproc)
-    ranks = Ranks.from_env(config.trainer.device)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # finish the current step, then exit
-    with open_pool(config) as pool:
-        with err_console.status("Loading the policy ..."):
-            if config.trainer.backend == "tinker":
-                from clawr1.trainer.tinker import TinkerTrainer
-
-                trainer = TinkerTrainer(config, pool)
-            else:
-                trainer = (TenantTrainers(config, pool) if config.tenants.adapter_per_tenant
-                           else Trainer(config, pool, ranks=ranks))
-        where = (f"one adapter per tenant, resumed {trainer.versions()}" if isinstance(trainer, TenantTrainers)
-                 else f"at step {trainer.step_count}, policy v{trainer.version}")
-        if ranks.lead:
-            say(config, f"[green]trainer[/green] method={config.trainer.method} batch={config.trainer.batch_size} "
-                f"{where}{f', {ranks.world} ranks' if ranks.world > 1 else ''}; waiting for READY samples",
-                "trainer waiting for READY samples", method=config.trainer.method,
-                batch_size=config.trainer.batch_size, where=where, ranks=ranks.world)
-        try:
-            # Rank 0 decides when every rank stops (a rank leaving alone would hang the others).
-            while not ranks.broadcast(stop.is_set()):
-                metrics = trainer.run_once()
-                if metrics is None:
-                    if ranks.lead:
-                        stop.wait(config.trainer.poll_s)
-                    continue
-                if not ranks.lead:
-                    continue
-                who = f"{metrics['tenant']} " if "tenant" in metrics else ""
-                say(config, f"{who}v{metrics['version']}: {metrics['lease']} samples, loss {metrics['loss']:+.4f}, "
-                    f"reward {metrics['reward_mean']:+.2f}, hints {metrics['hint_rate']:.0%}, "
-                    f"clip {metrics['clip_frac']:.2f}, {metrics['total_s']:.1f} s",
-                    f"published policy v{metrics['version']}", metrics=metrics)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            trainer.close()  # flush TensorBoard, finish the W&B run
-            ranks.close()
-    return 0
+from clawr1.entrypoints.console import err_console, say
 
 
 def cmd_up(args: argparse.Namespace, config: Config) -> int:
@@ -141,7 +61,9 @@ def _up_local(args: argparse.Namespace, config: Config, server: Any) -> int:
     import subprocess
     import tempfile
 
-    from clawr1.gateway.server import UnsafeBindError, serve
+    from clawr1.entrypoints.serve import serve
+    from clawr1.entrypoints.supervise import keep_running
+    from clawr1.gateway.server import UnsafeBindError
     from clawr1.gateway.service import Gateway
     from clawr1.reward.worker import RewardWorker
 
@@ -185,17 +107,18 @@ def _up_local(args: argparse.Namespace, config: Config, server: Any) -> int:
         trainer = subprocess.Popen(command, stdout=trainer_log, stderr=subprocess.STDOUT)
 
         async def supervise() -> None:
-            """Serving never stops for the trainer: a trainer that dies is restarted (it resumes
+            """Serving never stops for the trainer: one that exits is started again (it resumes
             from its checkpoint; its lease comes back), and said so in the log."""
-            nonlocal trainer
-            while True:
-                await asyncio.sleep(2.0)
-                if trainer.poll() is not None:
-                    logging.getLogger("clawr1.up").error("trainer exited with code %s (see %s); restarting it",
-                                                         trainer.returncode, log_path)
-                    await asyncio.sleep(3.0)
+            async def watch() -> None:
+                nonlocal trainer
+                if trainer.poll() is not None:  # it exited: started again after the supervisor's pause
                     trainer = await asyncio.to_thread(subprocess.Popen, command, stdout=trainer_log,
                                                       stderr=subprocess.STDOUT)
+                while trainer.poll() is None:
+                    await asyncio.sleep(2.0)
+                raise RuntimeError(f"exited with code {trainer.returncode} (see {log_path})")
+
+            await keep_running("the trainer", watch, again_on_return=True, delay_s=3.0)
 
         try:
             asyncio.run(serve(config, on_ready=ready, workers=jobs))

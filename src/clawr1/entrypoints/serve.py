@@ -1,0 +1,71 @@
+"""`clawr1 serve`: the gateway alone (engine + pool + the FastAPI app), and `serve`, the coroutine
+that `clawr1 up` and the Ray head run too, with their background jobs."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from clawr1.core.config import Config
+from clawr1.entrypoints.console import err_console, say
+from clawr1.gateway.server import UnsafeBindError, check_exposure
+
+if TYPE_CHECKING:  # the serving stack is imported when it serves, not when the CLI starts
+    from clawr1.datapool import DataPool
+    from clawr1.engine import Engine
+    from clawr1.gateway.service import Gateway
+
+log = logging.getLogger(__name__)
+
+
+async def serve(config: Config, on_ready: Callable[[int, str], None] | None = None,
+                workers: Callable[[Gateway], list[Coroutine[Any, Any, None]]] | None = None,
+                engine: Engine | None = None, pool: DataPool | None = None) -> None:
+    """Serve until cancelled or interrupted. `workers(gateway)` gives background jobs that share
+    the engine and pool (the reward worker under `clawr1 up`); they stop with the server. `engine`
+    and `pool` default to the configured ones (a Ray deployment passes its router and pool service)."""
+    from clawr1.datapool import open_pool
+    from clawr1.engine import load_engine
+    from clawr1.entrypoints.server import make_server, run_server, tune_gc
+    from clawr1.gateway.app import create_app
+
+    note = check_exposure(config)
+    engine = engine or load_engine(config)
+    pool = pool or open_pool(config)
+    app = create_app(engine, pool, config)
+    tune_gc()
+    gw = config.gateway
+    server = make_server(app, gw.host, gw.port, tls_cert=gw.tls_cert, tls_key=gw.tls_key)
+
+    def started(port: int) -> None:
+        if on_ready is not None:
+            on_ready(port, note)
+        else:
+            log.warning("gateway on %s:%d; %s", gw.host, port, note)
+
+    try:
+        await run_server(server, workers(app.state.gateway) if workers else [], on_started=started)
+    finally:
+        await engine.close()
+        pool.close()
+
+
+def cmd_serve(args: argparse.Namespace, config: Config) -> int:
+    def ready(port: int, note: str) -> None:
+        url = f"{config.gateway.scheme}://{config.gateway.host}:{port}/v1"
+        board = f"{config.gateway.scheme}://{config.gateway.host}:{port}/dashboard"
+        say(config, f"[green]Claw-R1 gateway[/green] on {url} (model {config.engine.model}, data {config.data_dir}); "
+            f"dashboard {board}; {note}", f"gateway on {url}; {note}", url=url, dashboard=board,
+            model=config.engine.model, data_dir=config.data_dir)
+
+    try:
+        asyncio.run(serve(config, on_ready=ready))
+    except UnsafeBindError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        return 2
+    except KeyboardInterrupt:
+        pass
+    return 0
