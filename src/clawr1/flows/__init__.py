@@ -1,6 +1,6 @@
-"""Offline modes: white-box flows trained with GRPO groups (`train-flow`) and a black-box runner
-that drives any external agent over a task set (`run-agent`). Both reach the model only through
-the gateway, as any agent would."""
+"""Agent flows for the offline modes: the `AgentFlow` contract, the registry, rollout ids and
+held-out task evaluation. Flows reach the model only through the gateway, as any agent would; the
+runners that serve the stack and train (`train-flow`, `run-agent`) are `clawr1.entrypoints`."""
 
 from clawr1.flows.base import AgentFlow
 from clawr1.flows.registry import load_flow, registry
