@@ -31,7 +31,7 @@ class Chat(Wire):
         prompt = gw.engine.render(messages, tools)
         samplings = [req.sampling(gw.config.engine.default_max_tokens, i) for i in range(req.n)]
         return Job(req, new_id("chatcmpl-"), [prompt], samplings, messages, tools, req.stream,
-                   watch_tools=tools is not None, affinity=affinity_key(caller.tenant, messages, headers, path_ids))
+                   watch_tools=tools is not None, affinity=affinity_key(caller.tenant, messages, headers, path_ids, caller.session_id))
 
     def body(self, ex: Exchange, gens: list[Generation], parsed: list[ParsedCompletion]) -> dict[str, Any]:
         req = ex.job.req

@@ -101,9 +101,10 @@ class HistoryMatcher:
         self._summaries: dict[tuple[str, str], str] = {}
         self._summary_keys: dict[str, tuple[str, str]] = {}
 
-    def find(self, tenant: str, messages: list[dict[str, Any]]) -> Match | None:
-        """The session whose transcript is the longest prefix of `messages`, if any."""
-        fps = [fingerprint(m) for m in messages]
+    def find(self, tenant: str, messages: list[dict[str, Any]], fps: list[str] | None = None) -> Match | None:
+        """The session whose transcript is the longest prefix of `messages`, if any. `fps`: the
+        messages' fingerprints when the caller has them (a request's messages are hashed once)."""
+        fps = fps if fps is not None else [fingerprint(m) for m in messages]
         hashes = rolling(fps)
         for i in range(len(hashes) - 1, -1, -1):
             hit = self._index.get((tenant, hashes[i]))
@@ -161,10 +162,12 @@ class HistoryMatcher:
         self._summary_keys[session_id] = (tenant, written)
         return session_id
 
-    def record(self, tenant: str, session_id: str, messages: list[dict[str, Any]], reply: dict[str, Any]) -> None:
-        """After a turn: the next request of this session starts with these messages + reply."""
+    def record(self, tenant: str, session_id: str, messages: list[dict[str, Any]], reply: dict[str, Any],
+               fps: list[str] | None = None) -> None:
+        """After a turn: the next request of this session starts with these messages + reply
+        (`fps`: their fingerprints, when `find` already computed them)."""
         self.forget(session_id)
-        fps = [fingerprint(m) for m in messages]
+        fps = fps if fps is not None else [fingerprint(m) for m in messages]
         reply_fp = fingerprint(reply)
         keys = []
         variants = [fps] + ([fps[:-1]] if len(fps) > 1 else [])  # the last message may be dropped

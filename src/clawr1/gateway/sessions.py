@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from clawr1.gateway.matcher import HistoryMatcher, is_summariser_call
+from clawr1.gateway.matcher import HistoryMatcher, fingerprint, is_summariser_call
 
 SESSION_KEY_PREFIX = "sk-clawr1-s-"  # per-session keys are recognisable, so an unknown one is refused
 
@@ -32,6 +32,9 @@ class Turn:
     turn_type: Literal["main", "side"]
     done: bool  # X-Session-Done: close the session once this turn is stored
     how: Literal["path", "header", "key", "matched", "compacted", "new"]
+    # The request messages' fingerprints when history matching computed them: `record` reuses
+    # them, so a request's messages are hashed once.
+    fingerprints: list[str] | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 class SessionResolver:
@@ -62,23 +65,20 @@ class SessionResolver:
             turn_type = "side"  # the agent compacting its history: recorded, never trained
         done = headers.get("x-session-done", "").strip().lower() in ("1", "true", "yes")
         how: Literal["path", "header", "key", "matched", "compacted", "new"]
-        if path_ids is not None:
-            session_id, prompt_id, how = path_ids[0], path_ids[1], "path"
-        elif headers.get("x-session-id"):
-            session_id, how = headers["x-session-id"], "header"
-            prompt_id = session_id
-        elif bound_session is not None:
-            session_id = prompt_id = bound_session
-            how = "key"
+        named = named_session(headers, path_ids, bound_session)
+        fps = None
+        if named is not None:
+            session_id, prompt_id, how = named
         else:
+            fps = [fingerprint(m) for m in messages]  # outside the lock: the costly part
             with self._lock:
-                match = self.matcher.find(tenant, messages) if messages else None
+                match = self.matcher.find(tenant, messages, fps) if messages else None
             if match is None:
                 session_id, how = "s-" + uuid.uuid4().hex[:16], "new"
             else:
                 session_id, how = match.session_id, ("compacted" if match.compacted else "matched")
             prompt_id = session_id
-        return Turn(tenant, session_id, prompt_id, -1, turn_type, done, how)  # type: ignore[arg-type]
+        return Turn(tenant, session_id, prompt_id, -1, turn_type, done, how, fps)  # type: ignore[arg-type]
 
     def needs_lookup(self, who: Turn) -> bool:
         """A session this process has not numbered yet (a restart, a header id from yesterday)
@@ -108,7 +108,7 @@ class SessionResolver:
         if turn.turn_type == "main" and messages:
             with self._lock:
                 if (turn.tenant, turn.session_id) in self._next_turn:  # not closed meanwhile
-                    self.matcher.record(turn.tenant, turn.session_id, messages, reply)
+                    self.matcher.record(turn.tenant, turn.session_id, messages, reply, turn.fingerprints)
         elif is_summariser_call(messages):
             with self._lock:
                 self.matcher.record_summary(turn.tenant, messages, reply)
@@ -144,17 +144,30 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+def named_session(headers: dict[str, str], path_ids: tuple[str, str] | None,
+                  bound_session: str | None) -> tuple[str, str, Literal["path", "header", "key"]] | None:
+    """(session id, prompt id, how) when the request names its session, by the protocol's
+    precedence (the one place it is written): URL path ids, then `X-Session-Id`, then a
+    per-session API key. None: history matching decides."""
+    if path_ids is not None:
+        return path_ids[0], path_ids[1], "path"
+    if headers.get("x-session-id"):
+        return headers["x-session-id"], headers["x-session-id"], "header"
+    if bound_session is not None:
+        return bound_session, bound_session, "key"
+    return None
+
+
 def affinity_key(tenant: str, messages: list[dict[str, Any]], headers: dict[str, str],
-                 path_ids: tuple[str, str] | None) -> str:
+                 path_ids: tuple[str, str] | None, bound_session: str | None = None) -> str:
     """Which engine replica a request should go to, known before the session is resolved: the
-    session id when the client names one, else the conversation's first user message, which every
+    session it names (`named_session`), else the conversation's first user message, which every
     later turn of a stock client's conversation repeats. Only routing depends on it (two
     conversations sharing a key just share a replica), so it hashes that one message, not the
     whole opening: an agent's system prompt can be 40k characters on every request."""
-    if path_ids is not None:
-        return f"{tenant}/{path_ids[0]}"
-    if headers.get("x-session-id"):
-        return f"{tenant}/{headers['x-session-id']}"
+    named = named_session(headers, path_ids, bound_session)
+    if named is not None:
+        return f"{tenant}/{named[0]}"
     first = next((m.get("content") for m in messages if m.get("role") == "user"), None)
     text = first if isinstance(first, str) else json.dumps(first, default=str)
     return tenant + "/" + hashlib.blake2b(text.encode(), digest_size=8).hexdigest()

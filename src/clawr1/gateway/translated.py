@@ -24,7 +24,7 @@ def chat_job(gw: Gateway, req: Any, caller: Caller, reply_id: str, messages: lis
     """A translated request as chat would run it (a bad conversation raises here, before admission)."""
     prompt = gw.engine.render(messages, tools)
     return Job(req, reply_id, [prompt], [sampling], messages, tools, bool(req.stream), watch_tools=tools is not None,
-               affinity=affinity_key(caller.tenant, messages, headers, path_ids))
+               affinity=affinity_key(caller.tenant, messages, headers, path_ids, caller.session_id))
 
 
 def tail(gen: Generation, parsed: ParsedCompletion, sent: str) -> str:
