@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from clawr1.flows.plot import save_panels
+
 
 def smoothed(rows: list[dict[str, Any]], window: int = 3, key: str = "score",
              weight: str = "replies") -> tuple[list[int], list[float]]:
@@ -54,17 +56,7 @@ def plot_runs(results: list[dict[str, Any]], out: Path) -> Path:
             if sane:
                 qual.plot(*zip(*sane), linestyle="--", marker="X", markersize=7, color=color, alpha=0.8,
                           label=f"{method}: held-out sane rate")
-    for ax, title in ((pref, "preference score"), (qual, "sane rate (within the base model's range)")):
-        ax.set_xlabel("optimizer steps (policy version served)")
-        ax.set_ylabel(title)
-        ax.set_ylim(0, 1.02)
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:  # a run from before the quality numbers has none on the right
-            ax.legend(fontsize=6, loc="best")
-    fig.suptitle("Simulated users, embedded SmolLM2-135M: preference and quality per version")
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    # A run from before the quality numbers draws nothing on the right: it gets no legend there.
+    return save_panels(fig, [(pref, "preference score"), (qual, "sane rate (within the base model's range)")],
+                       "optimizer steps (policy version served)",
+                       "Simulated users, embedded SmolLM2-135M: preference and quality per version", out, legend_size=6)

@@ -8,6 +8,7 @@ that dies stops the gateway and its error is raised here, never swallowed.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Iterator
@@ -49,8 +50,6 @@ def serve_in_process(config: Config, *, judge: Judge | None = None, reward: bool
     try:
         pool = open_pool(config)
     except BaseException:
-        import asyncio
-
         asyncio.run(engine.close())
         raise
     server = make_server(create_app(engine, pool, config))

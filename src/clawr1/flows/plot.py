@@ -28,13 +28,23 @@ def plot_curve(curve: list[dict[str, Any]], out: Path, title: str) -> Path:
     sane = [(p["version"], p["sane_rate"]) for p in curve if p.get("sane_rate") is not None]
     if sane:
         qual.plot(*zip(*sane), marker="o", color="tab:green", label="sane rate of the last replies")
-    for ax, label in ((succ, "success"), (qual, "sane rate (within the base model's range)")):
-        ax.set_xlabel("policy version")
+    return save_panels(fig, [(succ, "success"), (qual, "sane rate (within the base model's range)")],
+                       "policy version", title, out)
+
+
+def save_panels(fig: Any, panels: list[tuple[Any, str]], xlabel: str, title: str, out: Path,
+                legend_size: int = 7) -> Path:
+    """The finish every side-by-side rate plot shares (held-out curves, the demo's): axes labelled
+    and bounded to [0, 1], a legend where something was drawn, the figure written to `out`."""
+    import matplotlib.pyplot as plt
+
+    for ax, label in panels:
+        ax.set_xlabel(xlabel)
         ax.set_ylabel(label)
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7, loc="best")
+        if ax.get_legend_handles_labels()[0]:  # a panel with nothing drawn gets no empty legend
+            ax.legend(fontsize=legend_size, loc="best")
     fig.suptitle(title)
     fig.tight_layout()
     out = Path(out)

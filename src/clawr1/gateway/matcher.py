@@ -94,9 +94,9 @@ class HistoryMatcher:
         # (the same short reply to the same message) are ambiguous and match neither.
         self._tails: dict[tuple[str, str], dict[str, tuple[str | None, frozenset[str]]]] = {}
         self._tail_keys: dict[str, tuple[str, str]] = {}
-        # session -> (tenant, system prompt's fingerprint or None, its last reply's text, its last
-        # message's text), to find the session a summarising call summarises.
-        self._last: dict[str, tuple[str, str | None, str, str]] = {}
+        # session -> (tenant, its last reply's text, its last message's text), to find the session
+        # a summarising call summarises.
+        self._last: dict[str, tuple[str, str, str]] = {}
         # (tenant, a summary the model wrote for an agent's compaction) -> the session it summarises
         self._summaries: dict[tuple[str, str], str] = {}
         self._summary_keys: dict[str, tuple[str, str]] = {}
@@ -136,7 +136,7 @@ class HistoryMatcher:
         if len(found) != 1:
             return None
         [session_id] = found
-        system = self._last[session_id][1] if session_id in self._last else None
+        system = self._tails[self._tail_keys[session_id]][session_id][0]  # a summarised session is open
         if system is not None and fps[0] != system:
             return None
         return Match(session_id, k + 1, compacted=True)
@@ -149,9 +149,9 @@ class HistoryMatcher:
         if len(written) < 16:  # too short to identify a session by containment
             return None
         transcript = _plain(" ".join(text_of(m.get("content"), "content") for m in messages))
-        held = [s for s, (owner, _, reply, _) in self._last.items() if owner == tenant and reply and reply in transcript]
+        held = [s for s, (owner, reply, _) in self._last.items() if owner == tenant and reply and reply in transcript]
         if len(held) > 1:
-            held = [s for s in held if self._last[s][3] and self._last[s][3] in transcript]
+            held = [s for s in held if self._last[s][2] and self._last[s][2] in transcript]
         if len(held) != 1:
             return None
         [session_id] = held
@@ -180,7 +180,7 @@ class HistoryMatcher:
         self._tails.setdefault((tenant, reply_fp), {})[session_id] = (system, frozenset(fps[-2:]))
         self._tail_keys[session_id] = (tenant, reply_fp)
         last = _plain(text_of(messages[-1].get("content"), "content")) if messages else ""
-        self._last[session_id] = (tenant, system, _plain(text_of(reply.get("content"), "content")), last)
+        self._last[session_id] = (tenant, _plain(text_of(reply.get("content"), "content")), last)
 
     def forget(self, session_id: str) -> None:
         for key in self._keys.pop(session_id, []):
