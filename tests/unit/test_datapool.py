@@ -83,6 +83,8 @@ def test_the_next_main_turn_is_the_next_state(pool):
     pool.append_step(make_step("t2", turn=2, messages=tool_turn))
     assert pool.get_steps(["t1"])[0].next_state == [{"role": "tool", "tool_call_id": "c1", "content": "exit code 1"}]
     assert pool.show("t1")["next_step_id"] == "t2"
+    # ... and the other way round: the main turn each one follows (what `trainer.relabel` reads)
+    assert pool.previous_turns(["t1", "t2", "t0", "side", "other"]) == {"t1": "t0", "t2": "t1"}
 
 
 def test_pairing_survives_out_of_order_arrival_and_keeps_tenants_apart(pool):

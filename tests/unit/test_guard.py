@@ -38,6 +38,19 @@ def publish(tiny_model_dir, root, version: int, scale: float):
     return store.publish(model, root / "adapters", "policy", version)
 
 
+def store_rewarded(pool, pairs, offset: int, score) -> None:
+    """Real sampled replies (`generations` pairs) as READY samples: step g-i, rewarded `score(i)`."""
+    from clawr1.core.records import Reward, Step
+
+    for i, (messages, gen) in enumerate(pairs, start=offset):
+        pool.append_step(Step(step_id=f"g-{i}", tenant="default", session_id=f"s{i}", prompt_id=f"s{i}",
+                              turn_index=0, turn_type="main", messages=messages, tools=None,
+                              prompt_ids=gen.prompt_ids, token_ids=gen.token_ids, logprobs=gen.logprobs,
+                              text=gen.text, policy_version=0, adapter=None, finish_reason=gen.finish_reason,
+                              temperature=gen.temperature))
+        pool.add_reward(Reward(step_id=f"g-{i}", score=score(i), source="test"))
+
+
 @pytest.fixture
 def fresh(tiny_model_dir):
     engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8))
@@ -132,17 +145,10 @@ def test_a_served_version_found_out_of_the_base_range_is_rolled_back(fresh, tiny
 
 
 def test_the_trainer_undoes_a_rejected_version_and_keeps_a_promoted_one(tiny_model_dir, tmp_path, generations):
-    from clawr1.core.records import Reward, Step
     from clawr1.trainer.loop import Trainer
 
-    def store_samples(pool, pairs, offset: int) -> None:  # real sampled replies, rewarded: READY samples
-        for i, (messages, gen) in enumerate(pairs, start=offset):
-            pool.append_step(Step(step_id=f"g-{i}", tenant="default", session_id=f"s{i}", prompt_id=f"s{i}",
-                                  turn_index=0, turn_type="main", messages=messages, tools=None,
-                                  prompt_ids=gen.prompt_ids, token_ids=gen.token_ids, logprobs=gen.logprobs,
-                                  text=gen.text, policy_version=0, adapter=None, finish_reason=gen.finish_reason,
-                                  temperature=gen.temperature))
-            pool.add_reward(Reward(step_id=f"g-{i}", score=1.0 if i % 2 == 0 else -1.0, source="test"))
+    def store_samples(pool, pairs, offset: int) -> None:
+        store_rewarded(pool, pairs, offset, lambda i: 1.0 if i % 2 == 0 else -1.0)
 
     config = load_config(None, [f'data_dir="{tmp_path}"', f'engine.model="{tiny_model_dir}"', "trainer.batch_size=4",
                                 "trainer.lr=0.05", "trainer.poll_s=0.02", "guard.decision_timeout_s=30"])
@@ -180,7 +186,6 @@ def test_rejections_in_a_row_do_not_make_the_incumbents_samples_stale(tiny_model
     the incumbent serves are on-policy: staleness counts from the weights held, not from the newest
     version number. (Counted from the number, three rejections with a bound of 1 dropped every
     sample the served v0 produced, and the trainer starved: seen in a demo run.)"""
-    from clawr1.core.records import Reward, Step
     from clawr1.trainer.loop import Trainer
 
     config = load_config(None, [f'data_dir="{tmp_path}"', f'engine.model="{tiny_model_dir}"', "trainer.batch_size=2",
@@ -190,14 +195,8 @@ def test_rejections_in_a_row_do_not_make_the_incumbents_samples_stale(tiny_model
     with SQLitePool(tmp_path, config.pool) as pool:
         trainer = Trainer(config, pool)
         for version in (1, 2, 3, 4):
-            for i in (2 * version, 2 * version + 1):  # served by the incumbent, v0
-                messages, gen = generations[i]
-                pool.append_step(Step(step_id=f"g-{i}", tenant="default", session_id=f"s{i}", prompt_id=f"s{i}",
-                                      turn_index=0, turn_type="main", messages=messages, tools=None,
-                                      prompt_ids=gen.prompt_ids, token_ids=gen.token_ids, logprobs=gen.logprobs,
-                                      text=gen.text, policy_version=0, adapter=None,
-                                      finish_reason=gen.finish_reason, temperature=gen.temperature))
-                pool.add_reward(Reward(step_id=f"g-{i}", score=1.0 if i % 2 else -1.0, source="test"))
+            # served by the incumbent, v0
+            store_rewarded(pool, generations[2 * version:2 * version + 2], 2 * version, lambda i: 1.0 if i % 2 else -1.0)
 
             def judge(v: int = version) -> None:
                 wait_for(lambda: store.newest(root, "policy") and store.newest(root, "policy")[0] == v, 30)
@@ -209,3 +208,34 @@ def test_rejections_in_a_row_do_not_make_the_incumbents_samples_stale(tiny_model
         assert trainer.version == 4 and trainer.promoted == 0 and trainer.weights_of == 0
         assert pool.stats()["dropped"] == 0
         trainer.close()
+
+
+def test_a_stop_does_not_wait_for_the_verdict_and_the_next_life_applies_it(tiny_model_dir, tmp_path, generations):
+    """Stopping (`clawr1 up` shut down) while the trainer waits for the guard leaves the version
+    undecided at once instead of holding the shutdown for the guard's probes; rejected while the
+    trainer was down, the next trainer starts from the incumbent's weights, not the rejected ones."""
+    from clawr1.trainer.loop import Trainer
+
+    config = load_config(None, [f'data_dir="{tmp_path}"', f'engine.model="{tiny_model_dir}"', "trainer.batch_size=4",
+                                "trainer.lr=0.05", "trainer.poll_s=0.02", "guard.decision_timeout_s=600"])
+    root = tmp_path / "adapters"
+    with SQLitePool(tmp_path, config.pool) as pool:
+        store_rewarded(pool, generations[:4], 0, lambda i: 1.0 if i % 2 == 0 else -1.0)
+        trainer = Trainer(config, pool)
+        before = {k: v.clone() for k, v in trainer.policy.named_trainable().items()}
+        stop = threading.Event()
+
+        def stop_once_published() -> None:
+            wait_for(lambda: store.newest(root, "policy"), 30, "v1 published")
+            stop.set()
+
+        threading.Thread(target=stop_once_published, daemon=True).start()
+        metrics = trainer.run_once(stop)  # would wait up to 600 s for a verdict without the stop
+        assert metrics["verdict"] == "undecided" and trainer.weights_of == 1 and trainer.promoted == 0
+        trainer.close()
+
+        store.decide(root, "policy", 1, "rejected", "test", {})  # the guard decides while no trainer runs
+        resumed = Trainer(config, pool)
+        assert (resumed.version, resumed.weights_of, resumed.promoted) == (1, 0, 0)
+        assert all(torch.equal(before[k], v) for k, v in resumed.policy.named_trainable().items())
+        resumed.close()

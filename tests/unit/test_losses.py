@@ -174,7 +174,7 @@ def test_ema_update_in_order():
 
 def test_batch_advantages_use_the_baseline_from_before_the_batch_then_update_it():
     def sample(reward, prompt):
-        return SimpleNamespace(reward=reward, step=SimpleNamespace(prompt_id=prompt))
+        return SimpleNamespace(reward=reward, relabelled=False, step=SimpleNamespace(prompt_id=prompt))
 
     batch = [sample(-1.0, "p1"), sample(None, "p2"), sample(1.0, "p3"), sample(1.0, "g"), sample(-1.0, "g")]
     config = TrainerConfig(baseline="ema", baseline_decay=0.5, negative_weight=0.5)
@@ -208,7 +208,7 @@ def test_two_turns_of_one_session_are_not_one_grpo_group():
     from clawr1.trainer.batch import rl_advantages
 
     def sample(prompt: str, reward: float) -> SimpleNamespace:
-        return SimpleNamespace(reward=reward, step=SimpleNamespace(prompt_id=prompt))
+        return SimpleNamespace(reward=reward, relabelled=False, step=SimpleNamespace(prompt_id=prompt))
 
     config = TrainerConfig(baseline="none", negative_weight=1.0)
     online, _ = rl_advantages([sample("s1/t0", 1.0), sample("s1/t1", 1.0)], config, 0.0)

@@ -49,7 +49,8 @@ def test_a_part_that_must_never_end_is_started_again_until_cancelled():
 
 def test_the_trainers_outer_loop_reports_each_version_and_stops_when_told():
     """`train_until`, the loop `clawr1 train`, the Ray trainer actors and `Trainer.run` share: a
-    version is reported, an idle round waits `poll_s`, and setting the event ends it."""
+    version is reported, an idle round waits `poll_s`, setting the event ends it, and each round
+    is handed the event."""
     import threading
 
     from clawr1.trainer.loop import train_until
@@ -58,7 +59,8 @@ def test_the_trainers_outer_loop_reports_each_version_and_stops_when_told():
     made = iter([{"version": 1}, None, {"version": 2}])
 
     class Trainer:
-        def run_once(self):
+        def run_once(self, given):  # the stop event reaches the trainer (a verdict wait ends on it)
+            assert isinstance(given, Stop)
             version = next(made, None)
             if version is None and len(waits) >= 1 and seen == [1, 2]:
                 stop.set()

@@ -63,18 +63,21 @@ def test_datums_carry_the_local_trainers_tokens_logprobs_and_advantages(tiny_mod
     assert kl_seen
 
 
+@pytest.mark.parametrize("epochs", [1, 2])
 def test_one_step_on_the_service_moves_its_lora_as_the_local_trainer_moves_its_own(tiny_model_dir, tmp_path,
-                                                                                     generations):
+                                                                                     generations, epochs):
+    """`trainer.epochs = 2` too: two passes on the service, each recomputing the clipped ratios."""
     one, two = tmp_path / "local", tmp_path / "tinker"
+    train = (*TRAIN, f"trainer.epochs={epochs}")
     for data_dir in (one, two):
         with SQLitePool(data_dir, config_for(tiny_model_dir, data_dir).pool) as pool:
             fill(pool, generations[:6])
     with SQLitePool(one) as pool:
-        local = Trainer(config_for(tiny_model_dir, one, *TRAIN), pool)
+        local = Trainer(config_for(tiny_model_dir, one, *train), pool)
         before = {n: p.detach().clone() for n, p in local.policy.named_trainable().items()}
         assert local.run_once()["version"] == 1
         want = {n: p.detach().clone() for n, p in local.policy.named_trainable().items()}
-    config = config_for(tiny_model_dir, two, *TRAIN, *TINKER)
+    config = config_for(tiny_model_dir, two, *train, *TINKER)
     service = FakeService(tiny_model_dir, config.trainer)
     with SQLitePool(two) as pool:
         metrics = TinkerTrainer(config, pool, service=service).run_once()
@@ -82,12 +85,16 @@ def test_one_step_on_the_service_moves_its_lora_as_the_local_trainer_moves_its_o
     got = service.training.weights()
     assert set(got) == set(want)
     assert any(not torch.equal(want[n], before[n]) for n in want)  # it trained
+    # A second Adam step divides by the first's tiny moments, so float noise grows (still 1% of lr).
+    tolerance = 1e-5 if epochs == 1 else 1e-4
     for name, tensor in want.items():
-        assert torch.allclose(got[name], tensor, atol=1e-5), name
-    [(_, (datums, loss, bounds))] = [c for c in service.calls if c[0] == "forward_backward"]
+        assert torch.allclose(got[name], tensor, atol=tolerance), (name, float((got[name] - tensor).abs().max()))
+    passes = [c for c in service.calls if c[0] == "forward_backward"]
+    assert len(passes) == epochs and len([c for c in service.calls if c[0] == "optim_step"]) == epochs
+    (_, (datums, loss, bounds)) = passes[0]
     assert len(datums) == 6
     assert loss == "ppo" and bounds == {"clip_low_threshold": pytest.approx(0.8), "clip_high_threshold": 1.28}
-    [(_, adam)] = [c for c in service.calls if c[0] == "optim_step"]
+    _, adam = next(c for c in service.calls if c[0] == "optim_step")
     assert (adam.learning_rate, adam.beta2, adam.eps, adam.grad_clip_norm) == (0.01, 0.999, 1e-8, 1.0)
     version = adapters.version_dir(two / "adapters", ADAPTER, 1)
     assert (version / adapters.MARKER).is_file() and "sampler" in (version / adapters.REMOTE).read_text()

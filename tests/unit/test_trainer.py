@@ -207,3 +207,76 @@ def test_full_vocabulary_opd_moves_the_policy_to_the_hinted_teacher(tiny_model_d
         kls = [trainer.train_step(samples)["kl_teacher"] for _ in range(5)]
         assert all(b < a for a, b in itertools.pairwise(kls)) and kls[-1] < 0.85 * kls[0], kls
         assert favourite_logp() > before_logp + 0.1
+
+
+def test_epochs_step_again_on_the_same_samples_within_the_clip(tiny_model_dir, tmp_path, generations):
+    """`trainer.epochs = 3`: one version is three optimizer steps on one batch. Each later pass
+    sees the moved policy (ratios off 1, some clipped) and the surrogate it minimises has fallen;
+    one epoch at the same settings moves the LoRA less."""
+    moved = {}
+    for epochs in (1, 3):
+        config = config_for(tiny_model_dir, tmp_path / str(epochs), 'trainer.method="rl"', "trainer.kl_coef=0",
+                            "trainer.batch_size=6", "trainer.micro_batch=3", f"trainer.epochs={epochs}")
+        with SQLitePool(tmp_path / str(epochs), config.pool) as pool:
+            for i in range(6):
+                add(pool, generations, i, hints=False)
+            trainer = Trainer(config, pool, resume=False)
+            before = {n: p.detach().clone() for n, p in trainer.policy.named_trainable().items()}
+            metrics = trainer.run_once()
+            assert metrics["version"] == 1 and trainer.step_count == epochs and metrics["epochs"] == epochs
+            moved[epochs] = sum(float((p.detach() - before[n]).norm()) for n, p in trainer.policy.named_trainable().items())
+            if epochs == 1:
+                assert "last_ratio" not in metrics
+                continue
+            assert metrics["ratio"] == pytest.approx(1.0, abs=1e-3)  # the first pass: the sampler's policy
+            assert abs(metrics["last_ratio"] - 1.0) > 1e-3 and metrics["last_clip_frac"] > 0
+            assert metrics["last_loss"] < metrics["loss"]
+    assert moved[3] > 1.5 * moved[1]
+
+
+def test_hindsight_relabelling_trains_the_accepted_reply_as_the_answer_before_the_correction(
+        tiny_model_dir, tmp_path, generations):
+    """`trainer.relabel`: turn 1 was corrected (-1, a hint), turn 2 was accepted (+1). The lease
+    then also trains turn 2's tokens after turn 1's prompt, both as stored, and that pair's
+    logprob rises more than when the trainer learns from the two turns alone. Without the
+    correction (turn 1 not hinted), nothing is relabelled."""
+    (q_messages, first), (_, second) = generations[0], generations[1]
+    correction = [*q_messages, {"role": "assistant", "content": first.text},
+                  {"role": "user", "content": "Shorter, please."}]
+
+    def store(pool, hinted: bool) -> None:
+        for turn, (messages, gen) in enumerate([(q_messages, first), (correction, second)]):
+            pool.append_step(Step(step_id=f"t{turn}", tenant="default", session_id="s", prompt_id=f"p{turn}",
+                                  turn_index=turn, turn_type="main", messages=messages, tools=None,
+                                  prompt_ids=gen.prompt_ids, token_ids=gen.token_ids, logprobs=gen.logprobs,
+                                  text=gen.text, policy_version=0, adapter=None, finish_reason=gen.finish_reason,
+                                  temperature=gen.temperature))
+        pool.add_reward(Reward(step_id="t0", score=-1.0, source="test"))
+        if hinted:
+            pool.add_hint(Hint(step_id="t0", text="Answer in one short sentence.", source="judge"))
+        pool.add_reward(Reward(step_id="t1", score=1.0, source="test"))
+
+    gains = {}
+    for relabel, hinted in ((1.0, True), (0.0, True), (1.0, False)):
+        data_dir = tmp_path / f"{relabel}-{hinted}"
+        config = config_for(tiny_model_dir, data_dir, 'trainer.method="rl"', "trainer.kl_coef=0",
+                            "trainer.batch_size=2", f"trainer.relabel={relabel}")
+        with SQLitePool(data_dir, config.pool) as pool:
+            store(pool, hinted)
+            trainer = Trainer(config, pool, resume=False)
+            lease = pool.lease(2, current_version=0)
+            rows = trainer.load(lease)
+            extra = [r for r in rows if r.relabelled]
+            if relabel and hinted:
+                [row] = extra
+                assert (row.step.prompt_ids, row.step.token_ids) == (first.prompt_ids, second.token_ids)
+                assert row.reward == 1.0 and row.step.messages == q_messages and row.lease_id is None
+            else:
+                assert extra == []
+            before = trainer.sequence_logprob(first.prompt_ids, second.token_ids, second.temperature)
+            metrics = trainer.train_step(rows)
+            assert metrics is not None and metrics["samples"] == 2 and metrics["relabelled"] == len(extra)
+            gains[(relabel, hinted)] = trainer.sequence_logprob(first.prompt_ids, second.token_ids,
+                                                                second.temperature) - before
+            pool.ack(lease.lease_id)
+    assert gains[(1.0, True)] > 0 and gains[(1.0, True)] > gains[(0.0, True)] + 0.1

@@ -6,6 +6,7 @@ one version that steps exactly like one batch."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -184,19 +185,22 @@ def test_a_version_steps_when_its_time_is_up_with_nothing_more_ready(tiny_model_
 
 
 def test_when_a_version_is_due():
+    leased, extra = SimpleNamespace(relabelled=False), SimpleNamespace(relabelled=True)
     config = TrainerConfig(batch_size=8, min_samples=4, max_wait_s=10)
-    acc = Accumulated(opened=100.0, samples=[None] * 3)  # type: ignore[list-item]
+    acc = Accumulated(opened=100.0, samples=[leased] * 3)  # type: ignore[list-item]
     assert not version_due(acc, config, lease_seconds=600, now=105)
     assert version_due(acc, config, lease_seconds=600, now=110)  # max_wait_s
     assert version_due(acc, config, lease_seconds=8, now=104)  # half the lease time: before it expires
-    acc.samples.append(None)  # type: ignore[arg-type]
+    acc.samples.append(extra)  # type: ignore[arg-type]
+    assert not version_due(acc, config, lease_seconds=600, now=100)  # a relabelled row is not a sample more
+    acc.samples.append(leased)  # type: ignore[arg-type]
     assert version_due(acc, config, lease_seconds=600, now=100)  # min_samples
     unset = TrainerConfig(min_samples=None)
     assert TrainerConfig(min_samples=0).min_samples is None  # TOML's way to unset it
     assert version_due(Accumulated(opened=100.0), unset, lease_seconds=600, now=100)  # unset: every call
     small = TrainerConfig(batch_size=2, min_samples=8, max_wait_s=10)  # the default 8, a --batch-size 2
-    assert version_due(Accumulated(opened=100.0, samples=[None] * 2), small, lease_seconds=600, now=101)  # type: ignore[list-item]
-    assert not version_due(Accumulated(opened=100.0, samples=[None]), small, lease_seconds=600, now=101)  # type: ignore[list-item]
+    assert version_due(Accumulated(opened=100.0, samples=[leased] * 2), small, lease_seconds=600, now=101)  # type: ignore[list-item]
+    assert not version_due(Accumulated(opened=100.0, samples=[leased]), small, lease_seconds=600, now=101)  # type: ignore[list-item]
 
 
 def test_learning_rate_warmup_then_constant():

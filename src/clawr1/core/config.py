@@ -332,6 +332,12 @@ class TrainerConfig(_Section):
     lr: float = Field(1e-3, gt=0, le=1)
     """AdamW learning rate (after the warmup)."""
 
+    epochs: int = Field(1, ge=1, le=16)
+    """Optimizer steps per version over the same samples (PPO's epochs, GRPO's mu): each further
+    step recomputes the loss under the moved policy, and the clip (`eps_low`, `eps_high`, ratios to
+    the engine's sampled logprobs) stops a token's push once it moved that far, so one batch of
+    scarce live samples moves the policy further without leaving the trust region."""
+
     warmup_steps: int = Field(0, ge=0, le=1_000_000)
     """Learning-rate schedule: linear warmup over this many optimizer steps (step n uses
     lr * n / warmup_steps, n = 1, 2, ...), then constant. 0: constant from the first step."""
@@ -399,6 +405,14 @@ class TrainerConfig(_Section):
     negative_weight: float = Field(0.3, ge=0, le=10)
     """Scale of the negative advantages of online (singleton) samples, after the baseline: below 1,
     "less of this" counts less than "more of this", which says where probability should go."""
+
+    relabel: float = Field(0.0, ge=0, le=10)
+    """Hindsight relabelling, the weight of its rows (0 = off). A reply the judge scored +1 that
+    came right after the user corrected the reply before (that turn has a hint) also trains as the
+    answer to the request before the correction: its sampled tokens after the earlier turn's prompt
+    tokens, both as stored (nothing re-tokenized), with its RL advantage times this weight and the
+    learner's own logprobs as the behaviour. What the model got right once told is learnt for the
+    next time nobody tells it. Local trainer only."""
 
     opd_estimator: Literal["sampled", "full"] = "sampled"
     """How OPD measures the teacher: `sampled`, the teacher-minus-behaviour logprob of each sampled
@@ -643,10 +657,11 @@ class Config(_Section):
         if remote and (self.trainer.finetune != "lora" or self.tenants.adapter_per_tenant):
             raise ValueError("trainer.backend = \"tinker\" trains one shared LoRA adapter")
         if remote and (self.trainer.opd_estimator == "full" or self.trainer.entropy_coef > 0
-                       or self.trainer.teacher != "base"):
+                       or self.trainer.teacher != "base" or self.trainer.relabel > 0):
             raise ValueError("trainer.backend = \"tinker\": the service's PPO loss takes per-token advantages "
                              "only, and the teacher is the service's base sampler; trainer.opd_estimator = "
-                             "\"full\", entropy_coef > 0 and teacher != \"base\" need the model here (train locally)")
+                             "\"full\", entropy_coef > 0, teacher != \"base\" and relabel > 0 need the model "
+                             "here (train locally)")
         return self
 
 

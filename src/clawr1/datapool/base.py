@@ -239,6 +239,11 @@ class PoolQueue(ABC):
         """The hint each of these steps trains with (explicit feedback before the judge's)."""
 
     @abstractmethod
+    def previous_turns(self, step_ids: Iterable[str]) -> dict[str, str]:
+        """For each of these main turns that has one, the main turn before it in its session (the
+        turn whose next state it holds): step id -> that turn's step id."""
+
+    @abstractmethod
     def unjudged(self, limit: int = 64, shard: tuple[int, int] = (0, 1)) -> list[str]:
         """Step ids of main turns whose next state has arrived and that have no reward yet, of one
         judge shard: with `shard = (i, n)`, those whose `schema.shard_key(step_id) % n == i` (n judge

@@ -137,6 +137,18 @@ def hints(conn: sqlite3.Connection, step_ids: list[str]) -> dict[str, str]:
     return out
 
 
+def previous_turns(conn: sqlite3.Connection, step_ids: list[str]) -> dict[str, str]:
+    """step id -> the step id of the main turn before it (the one whose `next_step_id` it is)."""
+    out: dict[str, str] = {}
+    for start in range(0, len(step_ids), 500):
+        chunk = step_ids[start:start + 500]
+        rows = conn.execute("SELECT n.step_id, p.step_id FROM samples n JOIN samples p ON p.tenant = n.tenant "
+                            "AND p.session_id = n.session_id AND p.next_step_id = n.step_id "
+                            f"WHERE n.step_id IN ({', '.join('?' * len(chunk))})", chunk).fetchall()
+        out.update(dict(rows))
+    return out
+
+
 def unjudged(conn: sqlite3.Connection, limit: int, shard: tuple[int, int], now: float) -> list[str]:
     """Shard `shard = (i, n)`'s main turns whose next state has arrived, that carry no reward yet, that
     the judge has not given up on and whose retry time (after a failed attempt) has come; oldest

@@ -183,6 +183,9 @@ class SQLPool(DataPool):
     def hints(self, step_ids: Iterable[str]) -> dict[str, str]:
         return self._read(queries.hints, list(step_ids))
 
+    def previous_turns(self, step_ids: Iterable[str]) -> dict[str, str]:
+        return self._read(queries.previous_turns, list(step_ids))
+
     def unjudged(self, limit: int = 64, shard: tuple[int, int] = (0, 1)) -> list[str]:
         index, count = shard
         if not 0 <= index < count:

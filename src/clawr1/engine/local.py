@@ -47,7 +47,7 @@ from clawr1.engine import adapters as store
 from clawr1.engine.batch import KVBatch, sample
 from clawr1.engine.chat import ChatFormat
 from clawr1.engine.queued import QueuedStream
-from clawr1.engine.slots import AdapterSlots
+from clawr1.engine.slots import AdapterSlots, Read
 from clawr1.engine.text import Advance
 
 log = logging.getLogger(__name__)
@@ -180,7 +180,8 @@ class LocalEngine:
         """Load a published adapter directory under `name`; returns its version. Atomic swap."""
         meta = store.read_marker(Path(path))
         version = int(meta["version"])
-        await self._call(lambda: self._load(name, Path(path), version))
+        read = await asyncio.to_thread(AdapterSlots.read, Path(path))  # the disk, off the scheduler thread
+        await self._call(lambda: self._load(name, Path(path), version, read))
         return version
 
     async def load_weights(self, path: Path) -> int:
@@ -297,9 +298,13 @@ class LocalEngine:
         return self._slots.model(use_cache=True, **kwargs)
 
     def _admit(self) -> None:
-        if self._weights_pending is not None:
-            return  # draining: new weights go in once the running batch has finished on the old
         while self._waiting and len(self._running) < self.config.max_batch:
+            if self._weights_pending is not None:
+                return  # draining: new weights go in once the running batch has finished on the old
+            if self._running:  # between two prefills, a queued command (an adapter swap) waits one prefill, not all
+                self._drain(block=False)
+                if not self._waiting:
+                    break
             request = self._waiting.popleft()
             if request.cancelled:
                 self._finish(request, "aborted")
@@ -408,12 +413,12 @@ class LocalEngine:
         target = torch.tensor(completion_ids, device=logp.device)
         return logp.gather(1, target[:, None]).squeeze(1).tolist()
 
-    def _load(self, name: str, path: Path, version: int) -> None:
+    def _load(self, name: str, path: Path, version: int, read: Read) -> None:
         with self._lock:
             current = self._adapters.get(name)
         if current and current[1] == version:
             return
-        key = self._slots.load(path)
+        key = self._slots.load(path, read)
         with self._lock:
             self._adapters[name] = (key, version)
         self.stats["adapter_swaps"] += 1

@@ -36,6 +36,9 @@ def _signature(path: Path) -> str | None:
     return json.dumps({k: config.get(k) for k in _SHAPE_FIELDS}, sort_keys=True)
 
 
+Read = tuple[str | None, dict[str, torch.Tensor] | None]  # `AdapterSlots.read`: (signature, tensors)
+
+
 class AdapterSlots:
     """Owns the peft wrapping of the base model; hands out slot names to serve adapter versions."""
 
@@ -50,12 +53,13 @@ class AdapterSlots:
     def model(self) -> Any:
         return self.base if self.peft is None else self.peft
 
-    def load(self, path: Path) -> str:
-        """Put the adapter at `path` into a slot (reusing a free one if it fits); return the slot name."""
-        signature = _signature(path)
+    def load(self, path: Path, read: Read | None = None) -> str:
+        """Put the adapter at `path` into a slot (reusing a free one if it fits); return the slot name.
+        `read`: `read(path)` done beforehand off the scheduler thread, so a copy costs it no disk I/O."""
+        signature, state = read if read is not None else AdapterSlots.read(path)
         reusable = next((s for s in self._free if signature is not None and self._signature[s] == signature), None)
         if reusable is not None:
-            self._copy_into(reusable, path)
+            self._copy_into(reusable, path, state)
             self._free.remove(reusable)
             return reusable
 
@@ -91,8 +95,16 @@ class AdapterSlots:
         self.peft.delete_adapter(slot)
         del self._signature[slot]
 
-    def _copy_into(self, slot: str, path: Path) -> None:
-        state = load_file(path / "adapter_model.safetensors")
+    @staticmethod
+    def read(path: Path) -> Read:
+        """What a copy into a spare slot needs from disk: the adapter's shape signature and tensors
+        (None, None for an adapter no slot can take by copy). Safe on any thread."""
+        signature = _signature(path)
+        return signature, load_file(path / "adapter_model.safetensors") if signature is not None else None
+
+    def _copy_into(self, slot: str, path: Path, state: dict[str, torch.Tensor] | None) -> None:
+        if state is None:
+            raise AdapterError(f"adapter at {path} cannot be copied into a slot")
         params = {name.replace(f".{slot}.", "."): p for name, p in self.peft.named_parameters() if f".{slot}." in name}
         if set(state) != set(params):
             raise AdapterError(f"adapter at {path} does not match slot {slot}: "

@@ -16,14 +16,17 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute, APIRouter
 
 from clawr1.core.config import Config
 from clawr1.datapool.base import DataPool
 from clawr1.engine.base import Engine
 from clawr1.gateway import errors, schema
+from clawr1.gateway.ids import new_id
 from clawr1.gateway.metrics import MetricsMiddleware
 from clawr1.gateway.metrics import router as metrics_router
-from clawr1.gateway.service import Caller, Gateway, new_id
+from clawr1.gateway.pipeline import HotRoutes
+from clawr1.gateway.service import Caller, Gateway
 
 __all__ = ["Caller", "Gateway", "create_app", "new_id"]  # older imports of these names keep working
 log = logging.getLogger(__name__)
@@ -60,9 +63,6 @@ def create_app(engine: Engine, pool: DataPool, config: Config) -> FastAPI:
 
     app = FastAPI(title="Claw-R1 gateway", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.gateway = gateway
-    errors.install(app)
-    app.add_middleware(errors.CatchAll)  # inside the metrics, so what it answers is counted
-    app.add_middleware(MetricsMiddleware, metrics=gateway.metrics)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
@@ -88,7 +88,20 @@ def create_app(engine: Engine, pool: DataPool, config: Config) -> FastAPI:
     app.include_router(dashboard.router)
     app.include_router(areal.router)  # last: its /{session_id}/... routes must not shadow others
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    hot = {"/v1/chat/completions": (chat.CHAT, chat.router), "/v1/completions": (completions.COMPLETIONS,
+           completions.router), "/v1/messages": (anthropic.MESSAGES, anthropic.router),
+           "/v1/responses": (responses.RESPONSES, responses.router)}
+    app.add_middleware(HotRoutes, routes={path: (wire, _route(router, path)) for path, (wire, router) in hot.items()})
+    errors.install(app)
+    app.add_middleware(errors.CatchAll)  # inside the metrics, so what it answers is counted
+    app.add_middleware(MetricsMiddleware, metrics=gateway.metrics)
     return app
+
+
+def _route(router: APIRouter, path: str) -> APIRoute:
+    """The POST route of `router` at `path`."""
+    [route] = [r for r in router.routes if isinstance(r, APIRoute) and r.path == path and "POST" in r.methods]
+    return route
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

@@ -13,8 +13,9 @@ from fastapi import APIRouter, Request
 from clawr1.core.types import EngineError, Generation, ParsedCompletion
 from clawr1.gateway import schema
 from clawr1.gateway.errors import APIError
+from clawr1.gateway.ids import new_id
 from clawr1.gateway.pipeline import Exchange, Job, Wire, handle
-from clawr1.gateway.service import Caller, Gateway, new_id
+from clawr1.gateway.service import Caller, Gateway
 from clawr1.gateway.streaming import sse
 
 router = APIRouter()

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import itertools
 import logging
 import time
-import uuid
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
@@ -33,14 +31,6 @@ from clawr1.gateway.sessions import SESSION_KEY_PREFIX, SessionResolver, Turn, h
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 
-_ID_TAG = uuid.uuid4().hex[:12]  # unique per process; a counter makes the rest (no urandom per request)
-_ids = itertools.count()
-
-
-def new_id(prefix: str) -> str:
-    """`chatcmpl-...`, `cmpl-...`: unique across processes and restarts (they prefix step ids,
-    which are the pool's idempotency keys)."""
-    return f"{prefix}{_ID_TAG}{next(_ids):012x}"
 
 
 class Caller(NamedTuple):

@@ -13,11 +13,11 @@ import json
 import secrets
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from clawr1.gateway.ids import new_id
 from clawr1.gateway.matcher import HistoryMatcher, fingerprint, is_summariser_call
 
 SESSION_KEY_PREFIX = "sk-clawr1-s-"  # per-session keys are recognisable, so an unknown one is refused
@@ -74,7 +74,7 @@ class SessionResolver:
             with self._lock:
                 match = self.matcher.find(tenant, messages, fps) if messages else None
             if match is None:
-                session_id, how = "s-" + uuid.uuid4().hex[:16], "new"
+                session_id, how = new_id("s-"), "new"
             else:
                 session_id, how = match.session_id, ("compacted" if match.compacted else "matched")
             prompt_id = session_id

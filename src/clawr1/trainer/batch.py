@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -37,6 +37,25 @@ class TrainSample:
     weight: float = 1.0  # below 1 for stale samples under `stale_policy = "downweight"`
     hint: str | None = None
     lease_id: str | None = None  # the lease it came in (acknowledged after the version trained on it)
+    relabelled: bool = False  # a row `relabelled` made: no lease of its own, behaviour = the learner's
+
+
+def relabelled(pool: Any, samples: list[TrainSample], weight: float) -> list[TrainSample]:
+    """Hindsight relabelling (`trainer.relabel`): for each +1 sample whose previous main turn was
+    corrected (it has a hint), one more row: this reply's tokens as the answer to that turn's
+    prompt, i.e. to the request before the correction. Its stored logprobs were sampled under the
+    correction, so `prepare` takes the learner's own as its behaviour."""
+    accepted = [s for s in samples if (s.reward or 0) > 0 and not s.relabelled]
+    if not weight or not accepted:
+        return []
+    before = pool.previous_turns([s.step.step_id for s in accepted])
+    corrected = pool.hints(list(before.values()))
+    pairs = [(s, before[s.step.step_id]) for s in accepted if before.get(s.step.step_id) in corrected]
+    previous = {step.step_id: step for step in pool.get_steps([p for _, p in pairs])} if pairs else {}
+    return [TrainSample(replace(s.step, step_id=f"{s.step.step_id}:relabelled", prompt_id=f"{p}:relabelled",
+                                messages=previous[p].messages, tools=previous[p].tools,
+                                prompt_ids=previous[p].prompt_ids), s.reward, s.weight * weight, relabelled=True)
+            for s, p in pairs]
 
 
 def load_samples(pool: Any, lease: Any) -> list[TrainSample]:
@@ -90,8 +109,9 @@ def rl_advantages(samples: list[TrainSample], config: TrainerConfig, baseline: f
     groups = [s.step.prompt_id for s in samples]
     use = baseline if config.baseline == "ema" else 0.0
     advantage = online_advantages(raw, groups, use, config.negative_weight) * (raw != 0)
-    if config.baseline == "ema":
-        baseline = ema_update(baseline, raw[singletons(groups) & (raw != 0)], config.baseline_decay)
+    if config.baseline == "ema":  # (a relabelled row repeats a reward already counted)
+        counted = singletons(groups) & (raw != 0) & ~torch.tensor([s.relabelled for s in samples], dtype=torch.bool)
+        baseline = ema_update(baseline, raw[counted], config.baseline_decay)
     return advantage, baseline
 
 
@@ -103,9 +123,15 @@ def prepare(policy: Policy, samples: list[TrainSample], config: TrainerConfig, r
                 policy.pad_id)
     k = rows.targets.shape[1]
     behaviour = torch.zeros(len(steps), k)
+    own = [i for i, s in enumerate(samples) if s.relabelled]
     for i, step in enumerate(steps):
-        if step.logprobs:
+        if step.logprobs and not samples[i].relabelled:
             behaviour[i, k - len(step.logprobs):] = torch.tensor(step.logprobs)
+    if own:  # relabelled rows: sampled in another context, so the learner's logprobs are the reference
+        with torch.no_grad():
+            mine = policy.logprobs(pack([steps[i].prompt_ids for i in own], [steps[i].token_ids for i in own],
+                                        [steps[i].temperature for i in own], policy.pad_id))
+        behaviour += _right_aligned(mine.float().cpu(), samples, own, k)
     has_hint = torch.tensor([bool(s.hint) for s in samples])
     opd = torch.zeros(len(steps), k)
     hinted = config.method != "rl" and bool(has_hint.any())
@@ -114,8 +140,9 @@ def prepare(policy: Policy, samples: list[TrainSample], config: TrainerConfig, r
         opd = _opd(policy, samples, rows, behaviour, config)
     advantage, mask, usable = token_advantages(samples, config, rl, opd, rows.mask)
     weight = torch.tensor([s.weight for s in samples])
-    has_logprobs = torch.tensor([bool(s.logprobs) for s in steps])
-    stats = {"samples": float(len(samples)), "usable": float(usable.sum()), "tokens": float(mask.sum()),
+    has_logprobs = torch.tensor([bool(s.logprobs) and not sample.relabelled for s, sample in zip(steps, samples)])
+    stats = {"samples": float(len(samples) - len(own)), "relabelled": float(len(own)),
+             "usable": float(usable.sum()), "tokens": float(mask.sum()),
              "reply_tokens": float(rows.mask.sum()), **advantage_signs(advantage * mask, rows.mask)}
     device = policy.device
     out = Prepared(rows.to(device), behaviour.to(device), advantage.to(device), mask.to(device),

@@ -27,7 +27,7 @@ from clawr1.datapool.base import PoolQueue
 from clawr1.engine import adapters
 from clawr1.engine.models import resolve_model
 from clawr1.trainer import checkpoint, guarded, history, sharded
-from clawr1.trainer.batch import Prepared, TrainSample, load_samples, prepare, rl_advantages
+from clawr1.trainer.batch import Prepared, TrainSample, load_samples, prepare, relabelled, rl_advantages
 from clawr1.trainer.losses import entropy_band, kl_to_reference, masked_mean, ppo_loss
 from clawr1.trainer.policy import Policy, pack
 from clawr1.trainer.ranks import Ranks
@@ -63,6 +63,8 @@ class Trainer:
                 raise ValueError(f"trainer.teacher = {self.tc.teacher!r} with sharded full fine-tuning: a teacher "
                                  "forward through the sharded policy would run on some ranks only; use "
                                  "trainer.teacher = \"base\" (the default) or one rank")
+            if self.tc.relabel > 0:  # its behaviour pass runs on the ranks holding relabelled rows only
+                raise ValueError("trainer.relabel with sharded full fine-tuning: use LoRA or one rank")
             sharded.shard(self.policy.model)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=self.tc.lr, weight_decay=self.tc.weight_decay)
         self.step_count = 0
@@ -97,6 +99,13 @@ class Trainer:
                     self.pool.ack(lease_id)  # trained and checkpointed: never train it again
         # A version published after the last checkpoint (crash in between) keeps its number.
         self.version = max(self.version, published[0] if published else 0)
+        if state is not None and self.guarded and self.weights_of > self.promoted:
+            # The last life stopped before the guard decided what the trainer holds: decided since,
+            # it is applied now (rejected: back to the incumbent), so no rejected weights train on.
+            verdict = self.ranks.broadcast(adapters.verdict(self.adapter_root, self.adapter, self.weights_of)
+                                           if self.ranks.lead else None)
+            if verdict is not None and self.weights_of == self.version:
+                self.apply_verdict(verdict)
 
     # ---- one step ------------------------------------------------------------------------------
     accumulated: Accumulated | None = None  # the version being accumulated (`train_step`); None: no gradients kept
@@ -118,12 +127,14 @@ class Trainer:
         acc = self.accumulated
         if count == 0 and (acc is None or not version_due(acc, self.tc, self.config.pool.lease_seconds)):
             return 0
-        return self.tc.batch_size - (len(acc.samples) if acc else 0)
+        return self.tc.batch_size - (acc.leased if acc else 0)
 
-    def run_once(self) -> dict[str, Any] | None:
+    def run_once(self, stop: Any = None) -> dict[str, Any] | None:
         """Lease what is due, accumulate its gradients, and once the version is due (`min_samples`
         or `max_wait_s`): step, publish v+1, checkpoint, ack every lease it trained on, and wait for
-        the guard's verdict. Returns that version's metrics (None while nothing was published)."""
+        the guard's verdict (cut short when `stop`, an Event, is set: the version is left
+        undecided, and the next start reads its verdict). Returns that version's metrics (None
+        while nothing was published)."""
         if self.guarded:
             self.apply_rollback()
         started = time.perf_counter()
@@ -161,7 +172,7 @@ class Trainer:
                        lease_id=metrics["lease_ids"][0] if metrics["lease_ids"] else None)
         if self.guarded:  # the candidate waits for the guard; a rejected one is undone
             t = time.perf_counter()
-            metrics.update(self.await_verdict())
+            metrics.update(self.await_verdict(stop))
             metrics["verdict_s"] = time.perf_counter() - t
         if lead:
             metrics["pruned"] = len(adapters.prune(self.adapter_root, self.adapter, self.tc.keep_versions,
@@ -202,12 +213,16 @@ class Trainer:
         if state is None:
             raise RuntimeError("no promoted checkpoint to roll back to")
 
-    def await_verdict(self) -> dict[str, Any]:
+    def await_verdict(self, stop: Any = None) -> dict[str, Any]:
         """Wait for the guard's verdict on the version just published: promoted, it becomes the
         incumbent; rejected, the policy and optimizer go back to the incumbent's state."""
         verdict = self.ranks.broadcast(
-            guarded.wait_for_verdict(self.adapter_root, self.adapter, self.version,
-                                     self.config.guard.decision_timeout_s, self.tc.poll_s) if self.ranks.lead else None)
+            guarded.wait_for_verdict(self.adapter_root, self.adapter, self.version, self.config.guard.decision_timeout_s,
+                                     self.tc.poll_s, stop) if self.ranks.lead else None)
+        return self.apply_verdict(verdict)
+
+    def apply_verdict(self, verdict: dict[str, Any] | None) -> dict[str, Any]:
+        """Act on the guard's verdict on the newest version (None: undecided, training goes on)."""
         status = verdict["status"] if verdict else "undecided"
         if status == "promoted":
             self.promoted = self.version
@@ -247,7 +262,8 @@ class Trainer:
         log.warning("rolled back to v%d by an admin; the next version is v%d", to, self.version + 1)
 
     def load(self, lease: Any) -> list[TrainSample]:
-        return load_samples(self.pool, lease)
+        samples = load_samples(self.pool, lease)
+        return samples + relabelled(self.pool, samples, self.tc.relabel)
 
     def train_step(self, samples: list[TrainSample]) -> dict[str, Any] | None:
         """Forward/backward on `samples`, adding to the gradients kept since the last optimizer step;
@@ -282,9 +298,11 @@ class Trainer:
                 elif self.sharded:
                     self.empty_pass()
                 acc.count(m.stats)
+                acc.passes.append(m if self.tc.epochs > 1 else None)  # (kept only to be passed over again)
                 acc.prepare_s, acc.train_s = acc.prepare_s + t1 - t0, acc.train_s + time.perf_counter() - t1
             for _ in range(busiest - len(passes)):  # (sharded only) as many passes as the busiest rank
                 self.empty_pass()
+                acc.passes.append(None)
             acc.samples += samples
         acc = self.accumulated
         if not self.ranks.broadcast(acc is not None and version_due(acc, self.tc, self.config.pool.lease_seconds)):
@@ -296,11 +314,22 @@ class Trainer:
         if not acc.tokens:  # nothing to step on: `run_once` acknowledges it without a version
             return {**acc.metrics(), "step": self.step_count}
         t = time.perf_counter()
+        lr, grad_norm = self.optimizer_step(acc.tokens)
+        later = [self.epoch(acc) for _ in range(self.tc.epochs - 1)]  # PPO's further passes over the batch
+        acc.train_s += time.perf_counter() - t
+        return {"step": self.step_count, **acc.metrics(), "grad_norm": grad_norm, "lr": lr,
+                "reward_baseline": self.reward_baseline, "epochs": self.tc.epochs,
+                **({f"last_{key}": value for key, value in later[-1].items()} if later else {}),
+                "staleness": sum(self.weights_of - s.step.policy_version for s in acc.samples) / len(acc.samples)}
+
+    def optimizer_step(self, tokens: float) -> tuple[float, float]:
+        """Step on the gradients kept (every rank's, summed) as their token mean over `tokens`.
+        Returns the learning rate and the gradient norm before clipping."""
         lr = scheduled_lr(self.tc, self.step_count + 1)
         self.ranks.sum_gradients(self.policy.parameters())  # the sum over every rank's samples, on each
         for param in self.policy.parameters():
             if param.grad is not None:
-                param.grad.div_(acc.tokens)
+                param.grad.div_(tokens)
         grad_norm = (sharded.clip_gradients(self.policy.parameters(), self.tc.grad_clip) if self.sharded
                      else float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.tc.grad_clip)))
         for group in self.optimizer.param_groups:
@@ -309,10 +338,29 @@ class Trainer:
         if self.tc.teacher == "ema":
             self.policy.update_ema(self.tc.ema_decay)
         self.step_count += 1
-        acc.train_s += time.perf_counter() - t
-        return {"step": self.step_count, **acc.metrics(), "grad_norm": grad_norm, "lr": lr,
-                "reward_baseline": self.reward_baseline,
-                "staleness": sum(self.weights_of - s.step.policy_version for s in acc.samples) / len(acc.samples)}
+        return lr, grad_norm
+
+    def epoch(self, acc: Accumulated) -> dict[str, float]:
+        """One more optimizer step on the version's samples (`trainer.epochs`): their prepared
+        passes again (advantages, behaviour logprobs and teacher kept), the loss recomputed under
+        the moved policy, so the clip holds each token near the sampler. Returns this pass's token
+        means of the loss's metrics: how far the batch has moved (`ratio`, `clip_frac`, `kl_base`)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        for m in acc.passes:
+            if m is None or not m.stats["tokens"]:
+                if self.sharded:
+                    self.empty_pass()
+                continue
+            loss, stats = self.loss(m)
+            (loss * m.stats["tokens"]).backward()
+            for key, value in stats.items():
+                if key not in ("kl_teacher_sum", "distill_tokens"):
+                    sums[key] = sums.get(key, 0.0) + value * m.stats["tokens"]
+        mine = sum(m.stats["tokens"] for m in acc.passes if m is not None)
+        sums = {key: value / mine for key, value in sums.items()} if mine else {}  # this rank's means
+        _, sums["grad_norm"] = self.optimizer_step(acc.tokens)
+        return sums
 
     def loss(self, m: Prepared) -> tuple[torch.Tensor, dict[str, float]]:
         """A micro-batch's objective (token means over `m.mask`) and its drift metrics, measured on
@@ -393,7 +441,7 @@ def train_until(trainer: Any, stop: Any, ranks: Ranks | None = None, poll_s: flo
     others) and only it reports versions to `on_version(metrics)`."""
     ranks = ranks or Ranks()
     while not ranks.broadcast(stop.is_set()):
-        metrics = trainer.run_once()
+        metrics = trainer.run_once(stop)
         if metrics is None:
             if ranks.lead:
                 stop.wait(poll_s)
@@ -412,8 +460,14 @@ class Accumulated:
     samples: list[TrainSample] = field(default_factory=list)
     counts: dict[str, float] = field(default_factory=dict)  # `prepare`'s counts, summed
     sums: dict[str, float] = field(default_factory=dict)  # the loss's metrics times training tokens, summed
+    passes: list[Prepared | None] = field(default_factory=list)  # this rank's passes, with `trainer.epochs` > 1
     prepare_s: float = 0.0
     train_s: float = 0.0
+
+    @property
+    def leased(self) -> int:
+        """Samples from the pool (not counting the rows `relabelled` made from them)."""
+        return sum(not s.relabelled for s in self.samples)
 
     @property
     def tokens(self) -> float:
@@ -433,16 +487,17 @@ class Accumulated:
         reply tokens (a token of a sample without a signal has advantage 0), and the leases."""
         means = {key: value / self.tokens for key, value in self.sums.items()} if self.tokens else {}
         counts, reply = self.counts, max(self.counts.get("reply_tokens", 0.0), 1.0)
-        rewarded = [s.reward for s in self.samples if s.reward]
+        rewarded = [s.reward for s in self.samples if s.reward and not s.relabelled]
         lease_ids = list(dict.fromkeys(s.lease_id for s in self.samples if s.lease_id))
         if counts.get("distill_tokens"):  # KL to the hinted teacher, per hinted token
             means["kl_teacher"] = counts["kl_teacher_sum"] / counts["distill_tokens"]
         return {"loss": 0.0, "ratio": 0.0, "clip_frac": 0.0, "kl": 0.0, "adv_mean": 0.0, **means,
-                "samples": counts.get("samples", 0.0), "usable": counts.get("usable", 0.0), "tokens": self.tokens,
+                "samples": counts.get("samples", 0.0), "relabelled": counts.get("relabelled", 0.0),
+                "usable": counts.get("usable", 0.0), "tokens": self.tokens,
                 "adv_pos_frac": counts.get("adv_pos", 0.0) / reply, "adv_neg_frac": counts.get("adv_neg", 0.0) / reply,
                 "adv_zero_frac": counts.get("adv_zero", 0.0) / reply,
                 "reward_mean": sum(rewarded) / len(rewarded) if rewarded else 0.0,
-                "hint_rate": sum(1 for s in self.samples if s.hint) / max(len(self.samples), 1),
+                "hint_rate": sum(1 for s in self.samples if s.hint) / max(self.leased, 1),
                 "prepare_s": self.prepare_s, "train_s": self.train_s,
                 "tokens_per_s": self.tokens / max(self.prepare_s + self.train_s, 1e-9),
                 "lease_ids": lease_ids, "leases": len(lease_ids), "accumulated_s": time.time() - self.opened}
@@ -474,7 +529,7 @@ def version_due(acc: Accumulated, config: TrainerConfig, lease_seconds: float, n
         return True
     age = (time.time() if now is None else now) - acc.opened
     enough = min(config.min_samples, config.batch_size)  # a smaller --batch-size caps the default 8
-    return len(acc.samples) >= enough or age >= config.max_wait_s or age >= lease_seconds / 2
+    return acc.leased >= enough or age >= config.max_wait_s or age >= lease_seconds / 2
 
 
 def scheduled_lr(config: TrainerConfig, step: int) -> float:

@@ -30,13 +30,13 @@ class TenantTrainers:
             self.trainers[tenant] = trainer
         return self.trainers[tenant]
 
-    def run_once(self) -> dict[str, Any] | None:
+    def run_once(self, stop: Any = None) -> dict[str, Any] | None:
         """One step for the next tenant (in turn) whose batch is due; its metrics carry `tenant`."""
         # Tenants with READY samples, and those whose version in the making may be due by time.
         tenants = sorted({*self.pool.ready_tenants(), *(t for t, tr in self.trainers.items() if tr.accumulated)})
         for i in range(len(tenants)):
             tenant = tenants[(self._next + i) % len(tenants)]
-            metrics = self.trainer(tenant).run_once()
+            metrics = self.trainer(tenant).run_once(stop)
             if metrics is not None:
                 self._next += i + 1
                 return {**metrics, "tenant": tenant}

@@ -134,7 +134,7 @@ class TinkerTrainer:
         due = count >= enough or (count > 0 and time.time() - oldest >= self.tc.max_wait_s)
         return self.tc.batch_size if due else 0
 
-    def run_once(self) -> dict[str, Any] | None:
+    def run_once(self, stop: Any = None) -> dict[str, Any] | None:
         self.apply_rollback()
         wanted = self.ready()
         if not wanted:
@@ -148,13 +148,14 @@ class TinkerTrainer:
             self.skipped += 1
             return None
         types = _types()
-        step = self._result(self.training.forward_backward(
-            datums, "ppo", {"clip_low_threshold": 1 - self.tc.eps_low, "clip_high_threshold": 1 + self.tc.eps_high}))
-        lr = scheduled_lr(self.tc, self.step_count + 1)
-        self._result(self.training.optim_step(types.AdamParams(
-            learning_rate=lr, beta1=0.9, beta2=0.999, eps=1e-8,  # torch.optim.AdamW's, as the local trainer
-            weight_decay=self.tc.weight_decay, grad_clip_norm=self.tc.grad_clip)))
-        self.step_count += 1
+        for _ in range(self.tc.epochs):  # each pass recomputes the PPO ratios under the moved weights
+            step = self._result(self.training.forward_backward(
+                datums, "ppo", {"clip_low_threshold": 1 - self.tc.eps_low, "clip_high_threshold": 1 + self.tc.eps_high}))
+            lr = scheduled_lr(self.tc, self.step_count + 1)
+            self._result(self.training.optim_step(types.AdamParams(
+                learning_rate=lr, beta1=0.9, beta2=0.999, eps=1e-8,  # torch.optim.AdamW's, as the local trainer
+                weight_decay=self.tc.weight_decay, grad_clip_norm=self.tc.grad_clip)))
+            self.step_count += 1
         self.version += 1
         self.weights_of = self.version
         name = f"clawr1-v{self.version}"
@@ -168,7 +169,7 @@ class TinkerTrainer:
         metrics.update(version=self.version, step=self.step_count, lr=lr, lease=len(samples), lease_id=lease.lease_id,
                        backend="tinker", service_metrics=service, loss=service.get("loss:sum", 0.0))
         if self.guarded:
-            metrics.update(self.await_verdict())
+            metrics.update(self.await_verdict(stop))
         metrics["total_s"] = time.perf_counter() - started
         self.history.write(metrics, self.step_count)
         history.record_in_pool(self.pool, self.adapter, metrics)
@@ -226,11 +227,11 @@ class TinkerTrainer:
                      "hint_rate": sum(1 for s in samples if s.hint) / max(len(samples), 1),
                      "reward_baseline": self.reward_baseline, "loss": 0.0, "clip_frac": 0.0}
 
-    def await_verdict(self) -> dict[str, Any]:
+    def await_verdict(self, stop: Any = None) -> dict[str, Any]:
         """The guard's verdict on the version just published: promoted, it is the incumbent;
         rejected, the service's training client goes back to the incumbent's saved state."""
         verdict = guarded.wait_for_verdict(self.adapter_root, self.adapter, self.version,
-                                           self.config.guard.decision_timeout_s, self.tc.poll_s)
+                                           self.config.guard.decision_timeout_s, self.tc.poll_s, stop)
         status = verdict["status"] if verdict else "undecided"
         if status == "promoted":
             self.promoted, self.promoted_state = self.version, self.state_path
