@@ -95,7 +95,8 @@ def test_one_step_on_the_service_moves_its_lora_as_the_local_trainer_moves_its_o
     assert len(datums) == 6
     assert loss == "ppo" and bounds == {"clip_low_threshold": pytest.approx(0.8), "clip_high_threshold": 1.28}
     _, adam = next(c for c in service.calls if c[0] == "optim_step")
-    assert (adam.learning_rate, adam.beta2, adam.eps, adam.grad_clip_norm) == (0.01, 0.999, 1e-8, 1.0)
+    # config_for's lr 0.01, its first step a quarter of it (the default warmup of 4 steps)
+    assert (adam.learning_rate, adam.beta2, adam.eps, adam.grad_clip_norm) == (0.0025, 0.999, 1e-8, 1.0)
     version = adapters.version_dir(two / "adapters", ADAPTER, 1)
     assert (version / adapters.MARKER).is_file() and "sampler" in (version / adapters.REMOTE).read_text()
 

@@ -206,7 +206,28 @@ def test_when_a_version_is_due():
 def test_learning_rate_warmup_then_constant():
     config = TrainerConfig(lr=1e-3, warmup_steps=4)
     assert [scheduled_lr(config, s) for s in (1, 2, 4, 100)] == pytest.approx([2.5e-4, 5e-4, 1e-3, 1e-3])
-    assert scheduled_lr(TrainerConfig(lr=1e-3), 1) == 1e-3
+    assert scheduled_lr(TrainerConfig(lr=1e-3, warmup_steps=0), 1) == 1e-3
+
+
+def test_a_rollback_to_the_base_warms_up_again(tiny_model_dir, tmp_path, generations):
+    """The warmup counts the optimizer's own steps: after `clawr1 rollback 0` (a fresh optimizer)
+    the next version's first Adam step is at lr / warmup_steps again, not at the full lr."""
+    from clawr1.engine import adapters
+
+    config = config_for(tiny_model_dir, tmp_path, "trainer.batch_size=2", "trainer.min_samples=0",
+                        "trainer.warmup_steps=4", 'trainer.method="rl"', "guard.enabled=true",
+                        "guard.decision_timeout_s=0.05", "trainer.poll_s=0.01")  # no gateway: undecided
+    with SQLitePool(tmp_path, config.pool) as pool:
+        trainer = Trainer(config, pool)
+        lrs = []
+        for version in range(3):
+            for i in (2 * version, 2 * version + 1):
+                add(pool, generations, i, hints=False)
+            if version == 2:  # what `clawr1 rollback 0` writes; the trainer applies it first thing
+                adapters.set_control(tmp_path / "adapters", "policy", rollback={"to": 0, "id": "r1"})
+            lrs.append(trainer.run_once()["lr"])
+        assert lrs == pytest.approx([0.0025, 0.005, 0.0025])  # config_for's lr 0.01
+        trainer.close()
 
 
 def test_run_once_acks_every_lease_of_a_version_after_its_checkpoint(tiny_model_dir, tmp_path, generations,

@@ -325,7 +325,9 @@ class Trainer:
     def optimizer_step(self, tokens: float) -> tuple[float, float]:
         """Step on the gradients kept (every rank's, summed) as their token mean over `tokens`.
         Returns the learning rate and the gradient norm before clipping."""
-        lr = scheduled_lr(self.tc, self.step_count + 1)
+        # Counted on the optimizer's own steps: a reset to a fresh optimizer (a rollback to the
+        # base) warms up again, as its first Adam step moves every parameter by the full lr.
+        lr = scheduled_lr(self.tc, optimizer_steps(self.optimizer) + 1)
         self.ranks.sum_gradients(self.policy.parameters())  # the sum over every rank's samples, on each
         for param in self.policy.parameters():
             if param.grad is not None:
@@ -530,6 +532,14 @@ def version_due(acc: Accumulated, config: TrainerConfig, lease_seconds: float, n
     age = (time.time() if now is None else now) - acc.opened
     enough = min(config.min_samples, config.batch_size)  # a smaller --batch-size caps the default 8
     return acc.leased >= enough or age >= config.max_wait_s or age >= lease_seconds / 2
+
+
+def optimizer_steps(optimizer: torch.optim.Optimizer) -> int:
+    """The steps an optimizer's state has taken (restored with its checkpoint; 0 when fresh)."""
+    for state in optimizer.state.values():
+        if "step" in state:
+            return int(state["step"])
+    return 0
 
 
 def scheduled_lr(config: TrainerConfig, step: int) -> float:
