@@ -298,11 +298,13 @@ class Trainer:
                 elif self.sharded:
                     self.empty_pass()
                 acc.count(m.stats)
-                acc.passes.append(m if self.tc.epochs > 1 else None)  # (kept only to be passed over again)
+                if self.tc.epochs > 1:  # kept only to be passed over again
+                    acc.passes.append(m)
                 acc.prepare_s, acc.train_s = acc.prepare_s + t1 - t0, acc.train_s + time.perf_counter() - t1
             for _ in range(busiest - len(passes)):  # (sharded only) as many passes as the busiest rank
                 self.empty_pass()
-                acc.passes.append(None)
+                if self.tc.epochs > 1:
+                    acc.passes.append(None)
             acc.samples += samples
         acc = self.accumulated
         if not self.ranks.broadcast(acc is not None and version_due(acc, self.tc, self.config.pool.lease_seconds)):
