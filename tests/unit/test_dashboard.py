@@ -88,7 +88,8 @@ def test_summary_joins_serving_judging_and_training_per_version(trained):
         assert r["first_served_at"] > r["published_at"]
     assert s["pool"]["consumed"] == 3 and s["pool"]["db_bytes"] > 0
     trained = [(d["version"], d["status"]) for d in pool.policy_versions("policy")]
-    assert trained == [(1, "trained"), (2, "trained"), (3, "trained")]  # the trainer's rows, beside no verdict
+    # The trainer's rows, each beside the gateway's verdict: with the guard off, promoted as published.
+    assert sorted(trained) == [(v, status) for v in (1, 2, 3) for status in ("promoted", "trained")]
     assert [x["version"] for x in s["gateway"]["swaps"]] == [1, 2, 3]
     assert {r["session_id"] for r in s["sessions"]} >= {"conv-0", "conv-1", "conv-2"}
     assert sum(r["status"] == "consumed" for r in s["samples"]) == 3

@@ -239,3 +239,45 @@ def test_a_stop_does_not_wait_for_the_verdict_and_the_next_life_applies_it(tiny_
         assert (resumed.version, resumed.weights_of, resumed.promoted) == (1, 0, 0)
         assert all(torch.equal(before[k], v) for k, v in resumed.policy.named_trainable().items())
         resumed.close()
+
+
+def test_with_the_guard_off_every_version_serves_as_published_and_the_admins_levers_still_work(
+        fresh, tiny_model_dir, tmp_path):
+    """`guard.enabled = false`: no probes and no quality model, each new version is promoted as
+    published and served at once; yet `clawr1 rollback` and `clawr1 pin` act as with the guard
+    on, and a version that does not load is rejected once (not retried, never served)."""
+    root = tmp_path / "adapters"
+    off = ("guard.enabled=false", "gateway.adapter_poll_s=0.1")
+    with live_gateway(fresh, tmp_path, *off) as (base, pool):
+        publish(tiny_model_dir, tmp_path, 1, scale=30.0)  # wrecked: the guard off serves it anyway
+        wait_for(lambda: fingerprint(base) == "clawr1-v1", 20, "v1 served as published")
+        publish(tiny_model_dir, tmp_path, 2, scale=0.0)
+        wait_for(lambda: fingerprint(base) == "clawr1-v2", 20, "v2 served as published")
+        assert store.verdict(root, "policy", 2)["reason"] == "served as published (guard.enabled = false)"
+
+        store.set_control(root, "policy", rollback={"to": 1, "id": "r1"})
+        wait_for(lambda: fingerprint(base) == "clawr1-v1", 10, "rolled back to v1")
+        assert store.verdict(root, "policy", 2)["status"] == "superseded"
+        store.set_control(root, "policy", pinned=0)
+        wait_for(lambda: fingerprint(base) == "clawr1-v0", 10, "the pinned base served")
+        store.set_control(root, "policy", pinned=None)
+        wait_for(lambda: fingerprint(base) == "clawr1-v1", 10, "the newest promoted served again (v2 superseded)")
+
+        broken = store.version_dir(root, "policy", 3)  # marked, but its weights are not a LoRA
+        broken.mkdir(parents=True)
+        (broken / "adapter_config.json").write_text("{}")
+        (broken / "adapter_model.safetensors").write_bytes(b"not safetensors")
+        store.write_json(broken / store.MARKER, {"name": "policy", "version": 3})
+        store.write_json(root / "policy" / store.LATEST, {"version": 3})
+        verdict = wait_for(lambda: store.verdict(root, "policy", 3), 10, "a verdict on the broken v3")
+        assert verdict["status"] == "rejected" and verdict["reason"].startswith("did not load"), verdict
+        assert fingerprint(base) == "clawr1-v1"
+        publish(tiny_model_dir, tmp_path, 4, scale=0.0)
+        wait_for(lambda: fingerprint(base) == "clawr1-v4", 20, "the next good version served")
+        statuses = [(d["version"], d["status"]) for d in pool.policy_versions("policy")]
+        assert statuses == [(1, "promoted"), (2, "promoted"), (1, "rolled_back"), (0, "pinned"), (1, "unpinned"),
+                            (3, "rejected"), (4, "promoted")], statuses
+        page = httpx.get(f"{base}/metrics").text
+        assert 'clawr1_guard_decisions_total{decision="promoted"} 3.0' in page
+        assert httpx.get(f"{base}/dashboard/api/summary").json()["guard"] is None  # no probe settings to show
+    assert "policy@candidate" not in fresh.adapters()

@@ -274,3 +274,35 @@ def test_the_teacher_reads_the_hint_where_hint_at_says(tiny_model_dir, tmp_path,
             trainer = Trainer(config, pool, resume=False)
             opd[at] = prepare(trainer.policy, samples, trainer.tc, torch.zeros(len(samples))).advantage
     assert opd["user"].abs().sum() > 0 and not torch.allclose(opd["user"], opd["system"])
+
+
+def test_an_admin_rollback_applies_with_the_guard_off(tiny_model_dir, tmp_path, generations):
+    """The guard off (every version served as published): `clawr1 rollback 1` puts v1's weights back
+    in the trainer, with a fresh optimizer, and the next version trains on from them."""
+    from safetensors.torch import load_file
+
+    from clawr1.engine import adapters
+
+    config = config_for(tiny_model_dir, tmp_path, "trainer.batch_size=2", "trainer.min_samples=0",
+                        'trainer.method="rl"', "guard.enabled=false")
+    with SQLitePool(tmp_path, config.pool) as pool:
+        trainer = Trainer(config, pool)
+        for version in range(3):
+            for i in (2 * version, 2 * version + 1):
+                add(pool, generations, i, hints=False)
+            assert trainer.run_once()["version"] == version + 1
+        assert trainer.promoted == 3  # served as published: each version is the incumbent
+        v1 = load_file(adapters.version_dir(tmp_path / "adapters", "policy", 1) / "adapter_model.safetensors")
+        adapters.set_control(tmp_path / "adapters", "policy", rollback={"to": 1, "id": "r1"})
+        assert trainer.run_once() is None  # nothing to train; the rollback is applied first thing
+        assert trainer.promoted == trainer.weights_of == 1 and trainer.rollbacks == ["r1"]
+        held = {n.replace(".policy.", "."): t for n, t in trainer.policy.named_trainable().items()}
+        assert set(v1) <= set(held) and any("lora_B" in key and value.abs().sum() > 0 for key, value in v1.items())
+        for key, value in v1.items():
+            assert torch.equal(held[key].detach().cpu(), value), key
+        trainer.apply_rollback()  # applied once: the same request id is not applied again
+        assert trainer.rollbacks == ["r1"]
+        for i in (6, 7):
+            add(pool, generations, i, hints=False)
+        assert trainer.run_once()["version"] == 4 and trainer.promoted == 4
+        trainer.close()

@@ -268,48 +268,37 @@ class Gateway:
 
     # ---- background jobs -------------------------------------------------------------------
     async def watch_versions(self) -> None:
-        """Serve what the trainer publishes: through the guard (`guard.enabled`, LoRA versions), or
-        as soon as it appears (the guard off, or whole weights under full fine-tuning)."""
-        if self.config.guard.enabled and not self.full:
-            from clawr1.guard import Guard
+        """Serve what the trainer publishes: LoRA versions through the guard (which, with
+        `guard.enabled = false`, promotes each as published; the admin's rollback and pin work
+        either way), whole weights under full fine-tuning as soon as they appear."""
+        if self.full:
+            await self.watch_weights()
+            return
+        from clawr1.guard import Guard
 
-            self.guard = Guard(self)
-            await self.guard.run()
-        else:
-            await self.watch_adapters()
+        self.guard = Guard(self)
+        await self.guard.run()
 
-    async def watch_adapters(self) -> None:
-        """Serve each newly published version of each adapter (the shared policy, or every
-        tenant's): the engine loads it beside the old one and flips the name atomically, so
-        in-flight requests finish on their version and nothing fails. A version that does not load
-        is logged once and skipped."""
-        root = Path(self.config.data_dir) / ("weights" if self.full else "adapters")
-        skipped: set[tuple[str, int]] = set()
+    async def watch_weights(self) -> None:
+        """Full fine-tuning: serve each newly published version of the whole weights (the engine
+        drains its batch, swaps every weight, resumes). One that does not load is logged once and
+        skipped."""
+        root = Path(self.config.data_dir) / "weights"
+        skipped: set[int] = set()
         while True:
             await asyncio.sleep(self.config.gateway.adapter_poll_s)
-            for name in await asyncio.to_thread(self._adapter_names, root):
-                newest = await asyncio.to_thread(adapters.newest, root, name)
-                serving = self.engine.weights_version() if self.full else self.engine.adapters().get(name, -1)
-                if newest is None or (name, newest[0]) in skipped or newest[0] <= serving:
-                    continue
-                started = time.perf_counter()
-                try:
-                    if self.full:  # the engine drains its batch, swaps every weight, resumes
-                        await self.engine.load_weights(newest[1])
-                    else:
-                        await self.engine.load_adapter(name, newest[1])
-                except EngineError as exc:
-                    skipped.add((name, newest[0]))
-                    log.error("%s v%d at %s was not loaded: %s", name, newest[0], newest[1], exc)
-                    continue
-                self.swaps.append((time.time(), name, newest[0], time.perf_counter() - started))
-                log.info("serving %s v%d (loaded in %.0f ms)", name, newest[0], 1000 * (time.perf_counter() - started))
-
-    def _adapter_names(self, root: Path) -> list[str]:
-        if not self.per_tenant:  # the shared policy (an adapter, or under full fine-tuning whole weights)
-            return [POLICY]
-        prefix = adapter_name("")  # "policy-"
-        return sorted(d.name for d in root.iterdir() if d.name.startswith(prefix)) if root.is_dir() else []
+            newest = await asyncio.to_thread(adapters.newest, root, POLICY)
+            if newest is None or newest[0] in skipped or newest[0] <= self.engine.weights_version():
+                continue
+            started = time.perf_counter()
+            try:
+                await self.engine.load_weights(newest[1])
+            except EngineError as exc:
+                skipped.add(newest[0])
+                log.error("weights v%d at %s were not loaded: %s", newest[0], newest[1], exc)
+                continue
+            self.swaps.append((time.time(), POLICY, newest[0], time.perf_counter() - started))
+            log.info("serving weights v%d (loaded in %.0f ms)", newest[0], 1000 * (time.perf_counter() - started))
 
     async def sweep_idle(self) -> None:
         """Close sessions idle for `session_idle_s` (those with a request in flight are kept)."""

@@ -17,6 +17,11 @@ It runs in the gateway process, in place of the plain adapter watcher, one loop 
    admin would, to the newest earlier promoted version within the range (or the base).
 Nothing here is in a request's path: a request always gets the served version, which only ever
 changes by an atomic flip.
+
+With `guard.enabled = false` the same loop is the serving side's only watcher: step 2 becomes
+"promote as published" (no probes, no quality model loaded), so the admin's rollback and pin, the
+restart rule and `clawr1 versions` work the same with the guard off. A version that does not load
+is then rejected (logged once, never retried).
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ class Guard:
     def __init__(self, gw: Any):
         self.gw, self.config = gw, gw.config.guard
         self.root = Path(gw.config.data_dir) / "adapters"
+        self.judging = self.config.enabled  # off: each new version is promoted as published (`admit`)
         self.lines: dict[str, Line] = {}
         self.decisions: dict[str, int] = {"promoted": 0, "rejected": 0}  # for /metrics
         self.sets = 0
@@ -91,7 +97,7 @@ class Guard:
                                   f"admin pinned v{pinned}" if pinned is not None else "admin unpinned")
         newest = await asyncio.to_thread(store.newest, self.root, line.name)
         if newest is not None and newest[0] > line.decided:
-            await self.judge(line, *newest, serve=pinned is None)
+            await (self.judge if self.judging else self.admit)(line, *newest, serve=pinned is None)
 
     async def _rollback(self, line: Line, to: int, by: str = "admin") -> None:
         """Serve `to` again; versions promoted after it no longer count as promoted (a restart must
@@ -154,6 +160,20 @@ class Guard:
             await asyncio.to_thread(store.set_control, self.root, line.name,
                                     rollback={"to": fallback, "id": f"guard-{line.name}-v{version}", "by": "guard"})
         log.info("guard: %s v%d %s in %.1f s (%s)", line.name, version, status, scores["seconds"], reason)
+
+    async def admit(self, line: Line, version: int, path: Path, serve: bool = True) -> None:
+        """The guard off: promote `version` as published and serve it (unless pinned). One that does
+        not load is rejected, so it is neither retried every poll nor served after a restart."""
+        status, reason = "promoted", "served as published (guard.enabled = false)"
+        if serve:
+            try:
+                await self._serve(line, version, None, "", path)
+            except EngineError as exc:
+                status, reason = "rejected", f"did not load: {exc}"
+        await asyncio.to_thread(self._record, line.name, version, status, reason, {})
+        line.decided = version
+        self.decisions[status] += 1
+        (log.info if status == "promoted" else log.error)("%s v%d %s: %s", line.name, version, status, reason)
 
     async def _fallback(self, line: Line, probes: ProbeSet, meter: Any) -> int:
         """The newest version promoted before the served one that is within the base's range on this

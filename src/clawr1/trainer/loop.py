@@ -71,6 +71,9 @@ class Trainer:
         self.version = 0  # the newest version of this adapter published (0 = base model)
         # The guard decides each LoRA version; the trainer waits for it and undoes a rejected one.
         self.guarded = config.guard.enabled and self.tc.finetune == "lora"
+        # An admin's rollback applies to LoRA versions with the guard on or off (off, the gateway
+        # serves every version as published, so each one is the incumbent).
+        self.rolls_back = self.tc.finetune == "lora"
         self.promoted = 0  # the incumbent: the newest promoted version (0 = the base model)
         # The version whose weights the trainer holds: the newest published, or after a rejection
         # or a rollback the one it went back to. Staleness counts from here: after a run of rejected
@@ -135,7 +138,7 @@ class Trainer:
         the guard's verdict (cut short when `stop`, an Event, is set: the version is left
         undecided, and the next start reads its verdict). Returns that version's metrics (None
         while nothing was published)."""
-        if self.guarded:
+        if self.rolls_back:
             self.apply_rollback()
         started = time.perf_counter()
         samples = self.ranks.broadcast(self.take() if self.ranks.lead else None)  # rank 0's lease, to all
@@ -174,6 +177,8 @@ class Trainer:
             t = time.perf_counter()
             metrics.update(self.await_verdict(stop))
             metrics["verdict_s"] = time.perf_counter() - t
+        else:
+            self.promoted = self.version  # served as published
         if lead:
             metrics["pruned"] = len(adapters.prune(self.adapter_root, self.adapter, self.tc.keep_versions,
                                                    guarded.protected(self.adapter_root, self.adapter, self.promoted)))
@@ -245,8 +250,10 @@ class Trainer:
         to = int(request["to"])
         self.accumulated = None  # a version in the making is dropped: its leases expire and come back
         self.optimizer.zero_grad(set_to_none=True)
-        if to == self.promoted:
+        if self.guarded and to == self.promoted:
             self.restore_promoted()
+        elif to == self.weights_of and not self.guarded:
+            pass  # the version it holds (the guard off: the newest): only the version in the making goes
         elif to == 0:
             guarded.zero_adapter(self.policy)
             self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=self.tc.lr,
@@ -257,7 +264,8 @@ class Trainer:
                                                weight_decay=self.tc.weight_decay)
         self.promoted = self.weights_of = to
         self.rollbacks.append(request["id"])
-        self.keep_promoted()
+        if self.guarded:
+            self.keep_promoted()
         self.save()
         log.warning("rolled back to v%d by an admin; the next version is v%d", to, self.version + 1)
 

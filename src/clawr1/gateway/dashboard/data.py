@@ -113,7 +113,7 @@ def summary(gw: Gateway, tenant: str | None = None, *,
         "judge": judge_counts(gw),
         "versions": versions(serving, trained, ready, store.describe(Path(gw.config.data_dir) / "adapters", adapter)),
         "control": store.control(Path(gw.config.data_dir) / "adapters", adapter),
-        "guard": gw.config.guard.model_dump() if gw.guard is not None else None,
+        "guard": gw.config.guard.model_dump() if gw.guard is not None and gw.guard.judging else None,
         "sessions": pool.sessions(limit=sessions, tenant=tenant),
         "samples": pool.samples(limit=samples, tenant=tenant),
     }
