@@ -36,7 +36,7 @@ def make_adapter(tiny_model_dir, root, version, seed):
 
 def test_publish_is_marked_last_and_latest_finds_it(tiny_model_dir, tmp_path):
     path = make_adapter(tiny_model_dir, tmp_path, 3, seed=0)
-    assert store.read_marker(path) == {"name": "policy", "version": 3}
+    assert store.read_marker(path) == {"name": "policy", "version": 3, "rollback": None}
     assert {"STABLE", "adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in path.iterdir()}
     make_adapter(tiny_model_dir, tmp_path, 7, seed=1)
     (tmp_path / "policy" / "v000009").mkdir()  # a crashed write: no marker

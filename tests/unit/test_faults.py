@@ -340,7 +340,7 @@ def check_store(root: Path, engine: LocalEngine) -> tuple[list[int], list[int]]:
             continue  # LATEST, CONTROL and their temporary files
         version = int(match.group(1))
         if (child / adapters.MARKER).exists():
-            assert adapters.read_marker(child) == {"name": NAME, "version": version}
+            assert adapters.read_marker(child) == {"name": NAME, "version": version, "rollback": None}
             assert json.loads((child / "adapter_config.json").read_text())["r"] == 4
             tensors = load_file(child / "adapter_model.safetensors")
             assert len(tensors) == 8 and all(t.isfinite().all() for t in tensors.values())  # 2 layers x q, v x A, B

@@ -25,8 +25,9 @@ from tests.gateway_helpers import live_gateway, wait_for
 GUARD = ("guard.probes=8", "guard.probe_max_tokens=8", "gateway.adapter_poll_s=0.1")
 
 
-def publish(tiny_model_dir, root, version: int, scale: float):
-    """A LoRA version: B = 0 (scale 0) behaves exactly as the base; a large scale wrecks the model."""
+def publish(tiny_model_dir, root, version: int, scale: float, rollback: str | None = None):
+    """A LoRA version: B = 0 (scale 0) behaves exactly as the base; a large scale wrecks the model.
+    `rollback`: the newest rollback its trainer had applied."""
     torch.manual_seed(version)
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
                            LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj"],
@@ -35,7 +36,7 @@ def publish(tiny_model_dir, root, version: int, scale: float):
         for name, param in model.named_parameters():
             if "lora_B" in name:
                 param.normal_(0, 1.0).mul_(scale)
-    return store.publish(model, root / "adapters", "policy", version)
+    return store.publish(model, root / "adapters", "policy", version, rollback=rollback)
 
 
 def store_rewarded(pool, pairs, offset: int, score) -> None:
@@ -272,11 +273,15 @@ def test_with_the_guard_off_every_version_serves_as_published_and_the_admins_lev
         verdict = wait_for(lambda: store.verdict(root, "policy", 3), 10, "a verdict on the broken v3")
         assert verdict["status"] == "rejected" and verdict["reason"].startswith("did not load"), verdict
         assert fingerprint(base) == "clawr1-v1"
-        publish(tiny_model_dir, tmp_path, 4, scale=0.0)
-        wait_for(lambda: fingerprint(base) == "clawr1-v4", 20, "the next good version served")
+        # A version the trainer published mid-step, before it applied rollback r1: the discarded line.
+        publish(tiny_model_dir, tmp_path, 4, scale=0.0, rollback=None)
+        verdict = wait_for(lambda: store.verdict(root, "policy", 4), 10, "a verdict on v4")
+        assert verdict["status"] == "rejected" and "trained before the rollback to v1" in verdict["reason"]
+        publish(tiny_model_dir, tmp_path, 5, scale=0.0, rollback="r1")  # trained on from v1
+        wait_for(lambda: fingerprint(base) == "clawr1-v5", 20, "the next version of the kept line served")
         statuses = [(d["version"], d["status"]) for d in pool.policy_versions("policy")]
         assert statuses == [(1, "promoted"), (2, "promoted"), (1, "rolled_back"), (0, "pinned"), (1, "unpinned"),
-                            (3, "rejected"), (4, "promoted")], statuses
+                            (3, "rejected"), (4, "rejected"), (5, "promoted")], statuses
         page = httpx.get(f"{base}/metrics").text
         assert 'clawr1_guard_decisions_total{decision="promoted"} 3.0' in page
         assert httpx.get(f"{base}/dashboard/api/summary").json()["guard"] is None  # no probe settings to show

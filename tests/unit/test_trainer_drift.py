@@ -305,4 +305,7 @@ def test_an_admin_rollback_applies_with_the_guard_off(tiny_model_dir, tmp_path, 
         for i in (6, 7):
             add(pool, generations, i, hints=False)
         assert trainer.run_once()["version"] == 4 and trainer.promoted == 4
+        # v4 says it was trained after r1, so the gateway serves it (one trained before would not be).
+        assert adapters.read_marker(adapters.version_dir(tmp_path / "adapters", "policy", 4))["rollback"] == "r1"
+        assert adapters.read_marker(adapters.version_dir(tmp_path / "adapters", "policy", 3))["rollback"] is None
         trainer.close()

@@ -4,7 +4,9 @@ publishing; a gateway, vLLM, SGLang or Ray replicas loading) goes through these 
 
 Layout of `<root>/<name>/`:
 - `v000007/`: peft's `adapter_config.json` and `adapter_model.safetensors`, and last a marker
-  `STABLE` with `{"name", "version"}`. A writer syncs every file before it writes the marker, and
+  `STABLE` with `{"name", "version", "rollback"}` (`rollback`: the id of the newest rollback the
+  trainer had applied when it trained this version, so a version trained on a line an admin or the
+  guard rolled back meanwhile is never served). A writer syncs every file before it writes the marker, and
   writes the marker itself as every JSON file here (below), so it is never seen empty or cut; a
   reader loads only marked directories, so a crash mid-write can never be served (a publisher
   SIGKILLed after every file boundary and at random moments: `tests/unit/test_faults.py`);
@@ -68,8 +70,9 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def publish(peft_model: Any, root: Path, name: str, version: int) -> Path:
-    """Write adapter `name` of a peft model as version `version`: files, fsync, then the marker."""
+def publish(peft_model: Any, root: Path, name: str, version: int, rollback: str | None = None) -> Path:
+    """Write adapter `name` of a peft model as version `version`: files, fsync, then the marker.
+    `rollback`: the newest rollback id the trainer applied before training it (see the layout)."""
     target = version_dir(root, name, version)
     if (target / MARKER).exists():
         raise AdapterError(f"adapter {name} v{version} already published at {target}")
@@ -86,12 +89,23 @@ def publish(peft_model: Any, root: Path, name: str, version: int) -> Path:
     _fsync(target)  # the files' names too, before the marker can exist
     # Atomically: written in place, a kill between the marker's open and its write left an empty
     # STABLE that `latest()` took for a complete version and `read_marker` could not parse.
-    write_json(target / MARKER, {"name": name, "version": version})
+    write_json(target / MARKER, {"name": name, "version": version, "rollback": rollback})
     write_json(Path(root) / name / LATEST, {"version": version})
     return target
 
 
-def publish_remote(root: Path, name: str, version: int, remote: dict[str, Any]) -> Path:
+def trained_before_rollback(path: Path, control: dict[str, Any]) -> str | None:
+    """Why the version at `path` must not serve: it was trained before the rollback in `control`
+    (the adapter's `CONTROL`) was applied, on the line that rollback discarded; None when it may
+    (no rollback asked, or a marker from before markers carried the field)."""
+    request = control.get("rollback")
+    marker = read_marker(path)
+    if not request or "rollback" not in marker or marker["rollback"] == request["id"]:
+        return None
+    return f"trained before the rollback to v{request['to']} was applied (on the line it discarded)"
+
+
+def publish_remote(root: Path, name: str, version: int, remote: dict[str, Any], rollback: str | None = None) -> Path:
     """A version whose weights live on a training service (`trainer.backend = "tinker"`): its
     directory holds `remote.json` (where the service keeps the sampler), then the marker."""
     target = version_dir(root, name, version)
@@ -99,7 +113,7 @@ def publish_remote(root: Path, name: str, version: int, remote: dict[str, Any]) 
         raise AdapterError(f"adapter {name} v{version} already published at {target}")
     target.mkdir(parents=True, exist_ok=True)
     write_json(target / REMOTE, remote)
-    write_json(target / MARKER, {"name": name, "version": version, "kind": "remote"})
+    write_json(target / MARKER, {"name": name, "version": version, "kind": "remote", "rollback": rollback})
     write_json(Path(root) / name / LATEST, {"version": version})
     return target
 
@@ -210,7 +224,7 @@ WEIGHT_FILES = ("config.json", "model.safetensors")
 
 
 def publish_weights(model: Any, root: Path, name: str, version: int, keep: int = 2,
-                    state_dict: dict[str, Any] | None = None) -> Path:
+                    state_dict: dict[str, Any] | None = None, rollback: str | None = None) -> Path:
     """Full fine-tuning: write a whole model (`config.json`, `model.safetensors`) as version
     `version` of `name`, synced, then its marker; versions older than the newest `keep` are
     removed (an engine holds loaded weights in memory; a restarting one takes the newest).
@@ -224,7 +238,7 @@ def publish_weights(model: Any, root: Path, name: str, version: int, keep: int =
     for file in target.iterdir():
         _fsync(file)
     _fsync(target)
-    write_json(target / MARKER, {"name": name, "version": version, "kind": "weights"})  # atomically, as `publish`
+    write_json(target / MARKER, {"name": name, "version": version, "kind": "weights", "rollback": rollback})
     write_json(Path(root) / name / LATEST, {"version": version})
     for child in sorted((Path(root) / name).iterdir()):
         match = _VERSION_DIR.match(child.name)

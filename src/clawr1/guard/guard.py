@@ -5,7 +5,9 @@ It runs in the gateway process, in place of the plain adapter watcher, one loop 
 (the shared policy, or each tenant's):
 1. an admin's rollback (`CONTROL`: serve version N again; the trainer restores N) or pin (serve N
    whatever else is promoted) is applied first;
-2. the newest published version, if undecided, is loaded beside the served one under
+2. the newest published version, if undecided and trained after the last rollback was applied
+   (its marker says so; one the trainer published mid-step on the discarded line is rejected), is
+   loaded beside the served one under
    `<name>@candidate` (never served to users), asked every probe, measured (`clawr1.quality`), and
    compared pairwise with the incumbent's and the base's replies to the same probes and seeds;
 3. `promoted`: the served name flips to it (requests in flight finish on their version);
@@ -96,8 +98,16 @@ class Guard:
                 await self._serve(line, target or 0, "pinned" if pinned is not None else "unpinned",
                                   f"admin pinned v{pinned}" if pinned is not None else "admin unpinned")
         newest = await asyncio.to_thread(store.newest, self.root, line.name)
-        if newest is not None and newest[0] > line.decided:
-            await (self.judge if self.judging else self.admit)(line, *newest, serve=pinned is None)
+        if newest is None or newest[0] <= line.decided:
+            return
+        stale = await asyncio.to_thread(store.trained_before_rollback, newest[1], control)
+        if stale is not None:  # the trainer published it mid-step, before it applied the rollback
+            await asyncio.to_thread(self._record, line.name, newest[0], "rejected", stale, {})
+            line.decided = newest[0]
+            self.decisions["rejected"] += 1
+            log.warning("guard: %s v%d rejected: %s", line.name, newest[0], stale)
+            return
+        await (self.judge if self.judging else self.admit)(line, *newest, serve=pinned is None)
 
     async def _rollback(self, line: Line, to: int, by: str = "admin") -> None:
         """Serve `to` again; versions promoted after it no longer count as promoted (a restart must

@@ -162,7 +162,8 @@ class Trainer:
         whole = sharded.gather(self.policy.model, self.optimizer) if self.sharded else None  # every rank's part
         if lead:
             if whole is None:
-                self.publish(self.policy.model, self.adapter_root, self.adapter, self.version)
+                self.publish(self.policy.model, self.adapter_root, self.adapter, self.version,
+                             rollback=self.rollbacks[-1] if self.rollbacks else None)
             else:
                 adapters.publish_weights(self.policy.model, self.adapter_root, self.adapter, self.version,
                                          state_dict=whole[0])

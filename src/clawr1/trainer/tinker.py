@@ -162,7 +162,8 @@ class TinkerTrainer:
         self.state_path = self._result(self.training.save_state(name)).path
         sampler = self._result(self.training.save_weights_for_sampler(name)).path
         adapters.publish_remote(self.adapter_root, self.adapter, self.version,
-                                {"sampler_path": sampler, "state_path": self.state_path, "base_model": self.base_model})
+                                {"sampler_path": sampler, "state_path": self.state_path, "base_model": self.base_model},
+                                rollback=self.rollbacks[-1] if self.rollbacks else None)
         self._write_state([lease.lease_id])  # checkpoint first, then the ack: exactly once across crashes
         self.pool.ack(lease.lease_id)
         service = {k: float(v) for k, v in (getattr(step, "metrics", None) or {}).items()}
