@@ -135,3 +135,35 @@ def test_slot_reuse_never_touches_a_version_in_use(fresh_engine, tiny_model_dir,
         assert max(abs(a - b) for a, b in zip(gen.logprobs, scored)) <= 1e-3
     run(engine.load_adapter("policy", versions[2]))
     assert engine._slots._count == 3  # no new injection: every later version was a copy
+
+
+def test_what_serves_after_a_restart_is_pinned_else_newest_promoted_never_rejected(tiny_model_dir, tmp_path):
+    """`to_serve`, the one restart rule of the gateway's guard and of a restarted Ray replica."""
+    for version in (1, 2, 3):
+        make_adapter(tiny_model_dir, tmp_path, version, seed=version)
+    assert store.to_serve(tmp_path, "policy") == 0  # nothing decided: the base, not the newest
+    store.decide(tmp_path, "policy", 1, "promoted", "test", {})
+    store.decide(tmp_path, "policy", 2, "promoted", "test", {})
+    store.decide(tmp_path, "policy", 3, "rejected", "test", {})
+    assert store.to_serve(tmp_path, "policy") == 2
+    store.set_control(tmp_path, "policy", pinned=0)  # a pin to the base is a pin too
+    assert store.to_serve(tmp_path, "policy") == 0
+    store.set_control(tmp_path, "policy", pinned=3)
+    assert store.to_serve(tmp_path, "policy") == 3
+
+
+def test_a_restarted_engine_replica_loads_what_serves_not_a_rejected_candidate(tiny_model_dir, tmp_path):
+    from clawr1.cluster.actors import EngineReplica
+    from clawr1.core.config import load_config
+
+    root = tmp_path / "adapters"
+    make_adapter(tiny_model_dir, root, 1, seed=1)
+    store.decide(root, "policy", 1, "promoted", "test", {})
+    make_adapter(tiny_model_dir, root, 2, seed=2)
+    store.decide(root, "policy", 2, "rejected", "test", {})
+    config = load_config(None, [f'data_dir="{tmp_path}"', f'engine.model="{tiny_model_dir}"', "engine.threads=1"])
+    replica = EngineReplica(config, 0)
+    try:
+        assert run(replica.ready())["policy"] == 1
+    finally:
+        run(replica.engine.close())

@@ -116,6 +116,13 @@ def test_the_guard_promotes_a_sane_version_and_never_serves_a_broken_one(fresh, 
         assert answer.status_code == 303 and store.control(tmp_path / "adapters", "policy")["pinned"] == 1
         assert httpx.post(f"{base}/dashboard/versions", data={"action": "pin", "version": "9"}).status_code == 404
         assert httpx.post(f"{base}/dashboard/versions", data={"action": "drop", "version": "1"}).status_code == 400
+        # The admin may roll back to a rejected version: it then counts as promoted, so a restart serves it.
+        store.set_control(tmp_path / "adapters", "policy", pinned=None)
+        wait_for(lambda: fingerprint(base) == "clawr1-v1", 10, "unpinned: the newest promoted")
+        store.set_control(tmp_path / "adapters", "policy", rollback={"to": 2, "id": "r2"})
+        wait_for(lambda: fingerprint(base) == "clawr1-v2", 10, "rolled back to the rejected v2")
+        assert store.verdict(tmp_path / "adapters", "policy", 2)["status"] == "promoted"
+        assert store.to_serve(tmp_path / "adapters", "policy") == 2
 
 
 def test_a_served_version_found_out_of_the_base_range_is_rolled_back(fresh, tiny_model_dir, tmp_path):

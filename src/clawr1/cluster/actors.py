@@ -1,6 +1,6 @@
 """The roles as Ray actors. Each is a plain class (the launcher wraps it with `ray.remote` and its
 resources); each rebuilds its state from disk when Ray restarts it, because an actor's memory is
-lost with it: the engine reloads the newest published adapters, the pool reopens its SQLite file
+lost with it: the engine reloads the adapters' served versions, the pool reopens its SQLite file
 (or PostgreSQL database), the trainer resumes from its checkpoint.
 """
 
@@ -31,8 +31,9 @@ class EngineReplica:
         self._restored = False
 
     async def ready(self) -> dict[str, int]:
-        """Serve what is current: on the first call (after a start or a restart) load the newest
-        published version of every adapter. Returns the adapters and their versions."""
+        """Serve what is current: on the first call (after a start or a restart) load what serves
+        each adapter (`adapters.to_serve`: pinned, else the newest promoted; never a rejected
+        candidate) and the newest whole weights. Returns the adapters and their versions."""
         if not self._restored:
             from clawr1.engine import adapters
 
@@ -43,9 +44,9 @@ class EngineReplica:
             root = Path(self.config.data_dir) / "adapters"
             names = sorted(d.name for d in root.iterdir() if d.name.startswith(POLICY)) if root.is_dir() else []
             for name in names:
-                newest = adapters.latest(root, name)
-                if newest is not None:
-                    await self.engine.load_adapter(name, newest[1])
+                version = adapters.to_serve(root, name)
+                if version:
+                    await self.engine.load_adapter(name, adapters.version_dir(root, name, version))
             self._restored = True
         return {**self.engine.adapters(), "weights": self.engine.weights_version()}
 

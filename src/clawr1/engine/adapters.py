@@ -161,6 +161,17 @@ def control(root: Path, name: str) -> dict[str, Any]:
     return _read_json(Path(root) / name / CONTROL) or {"pinned": None, "rollback": None}
 
 
+def to_serve(root: Path, name: str) -> int:
+    """What serves `name` on a (re)start, the one rule for every serving side (the gateway's guard,
+    a restarted Ray engine replica): the pinned version, else the newest promoted, else the base
+    (0). Never a rejected, superseded or undecided version."""
+    pinned = control(root, name).get("pinned")
+    if pinned is not None:
+        return int(pinned)
+    promoted = [v for v in published(root, name) if (verdict(root, name, v) or {}).get("status") == "promoted"]
+    return max(promoted, default=0)
+
+
 def set_control(root: Path, name: str, **changes: Any) -> dict[str, Any]:
     (Path(root) / name).mkdir(parents=True, exist_ok=True)
     current = {**control(root, name), **changes}

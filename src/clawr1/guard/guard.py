@@ -93,9 +93,9 @@ class Guard:
         pinned = control.get("pinned")
         if pinned != line.pinned:
             line.pinned = pinned
-            target = pinned if pinned is not None else await asyncio.to_thread(self._newest_promoted, line.name)
-            if (target or 0) != line.served:
-                await self._serve(line, target or 0, "pinned" if pinned is not None else "unpinned",
+            target = await asyncio.to_thread(store.to_serve, self.root, line.name)
+            if target != line.served:
+                await self._serve(line, target, "pinned" if pinned is not None else "unpinned",
                                   f"admin pinned v{pinned}" if pinned is not None else "admin unpinned")
         newest = await asyncio.to_thread(store.newest, self.root, line.name)
         if newest is None or newest[0] <= line.decided:
@@ -110,13 +110,17 @@ class Guard:
         await (self.judge if self.judging else self.admit)(line, *newest, serve=pinned is None)
 
     async def _rollback(self, line: Line, to: int, by: str = "admin") -> None:
-        """Serve `to` again; versions promoted after it no longer count as promoted (a restart must
-        not bring them back). The trainer restores `to` itself (it reads the same `CONTROL`)."""
+        """Serve `to` again; versions promoted after it no longer count as promoted, and `to` does
+        (even if it was rejected: the admin chose it), so a restart serves it too. The trainer
+        restores `to` itself (it reads the same `CONTROL`)."""
         for version in await asyncio.to_thread(store.published, self.root, line.name):
             verdict = await asyncio.to_thread(store.verdict, self.root, line.name, version)
             if version > to and verdict and verdict["status"] == "promoted":
                 await asyncio.to_thread(store.decide, self.root, line.name, version, "superseded",
                                         f"rolled back to v{to} by the {by}", verdict["scores"])
+            elif version == to and (verdict or {}).get("status") != "promoted":
+                await asyncio.to_thread(store.decide, self.root, line.name, version, "promoted",
+                                        f"rolled back to by the {by}", (verdict or {}).get("scores", {}))
         await self._serve(line, to, "rolled_back", f"{by} rollback to v{to}")
 
     # ---- judging a candidate -------------------------------------------------------------
@@ -284,9 +288,9 @@ class Guard:
         line.rollback_id = (control.get("rollback") or {}).get("id")
         line.pinned = control.get("pinned")
         line.decided = max(await asyncio.to_thread(self._decided, line.name), default=0)
-        target = line.pinned or await asyncio.to_thread(self._newest_promoted, line.name)
+        target = await asyncio.to_thread(store.to_serve, self.root, line.name)  # a pin to the base (0) too
         if target:
-            await self._serve(line, int(target), None, "restored")
+            await self._serve(line, target, None, "restored")
 
     # ---- helpers -------------------------------------------------------------------------
     def _line(self, name: str) -> Line:
@@ -311,9 +315,6 @@ class Guard:
     def _promoted(self, name: str) -> list[int]:
         return [v for v in store.published(self.root, name)
                 if (store.verdict(self.root, name, v) or {}).get("status") == "promoted"]
-
-    def _newest_promoted(self, name: str) -> int | None:
-        return max(self._promoted(name), default=None)
 
     def _record(self, name: str, version: int, status: str, reason: str, scores: dict[str, Any]) -> None:
         if status in ("promoted", "rejected"):
