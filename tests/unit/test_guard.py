@@ -118,7 +118,7 @@ def test_the_guard_promotes_a_sane_version_and_never_serves_a_broken_one(fresh, 
         assert httpx.post(f"{base}/dashboard/versions", data={"action": "drop", "version": "1"}).status_code == 400
         # The admin may roll back to a rejected version: it then counts as promoted, so a restart serves it.
         store.set_control(tmp_path / "adapters", "policy", pinned=None)
-        wait_for(lambda: fingerprint(base) == "clawr1-v1", 10, "unpinned: the newest promoted")
+        wait_for(lambda: fingerprint(base) == "clawr1-v0", 10, "unpinned: the base (v1 was superseded)")
         store.set_control(tmp_path / "adapters", "policy", rollback={"to": 2, "id": "r2"})
         wait_for(lambda: fingerprint(base) == "clawr1-v2", 10, "rolled back to the rejected v2")
         assert store.verdict(tmp_path / "adapters", "policy", 2)["status"] == "promoted"
