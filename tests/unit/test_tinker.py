@@ -7,7 +7,6 @@ keeps the previous one when a new one does not load."""
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import replace
 
 import pytest
@@ -102,7 +101,7 @@ def test_one_step_on_the_service_moves_its_lora_as_the_local_trainer_moves_its_o
 
 
 def test_a_failing_service_loses_nothing_and_a_restart_trains_the_samples_once(tiny_model_dir, tmp_path,
-                                                                                generations):
+                                                                                generations, pool_later):
     config = config_for(tiny_model_dir, tmp_path, *TRAIN, *TINKER, "pool.lease_seconds=1")
     service = FakeService(tiny_model_dir, config.trainer)
     with SQLitePool(tmp_path, config.pool) as pool:
@@ -114,7 +113,7 @@ def test_a_failing_service_loses_nothing_and_a_restart_trains_the_samples_once(t
         assert pool.stats().get("consumed", 0) == 0 and adapters.latest(tmp_path / "adapters", ADAPTER) is None
         service.fail.clear()
         restarted = TinkerTrainer(config, pool, service=service)  # no checkpoint: a fresh LoRA
-        time.sleep(1.2)  # the dead trainer's lease expires
+        pool_later(1.2)  # the dead trainer's lease expires
         assert restarted.run_once()["version"] == 1
         assert pool.stats()["consumed"] == 6
         again = TinkerTrainer(config, pool, service=service)  # resumes from the saved state
@@ -122,7 +121,7 @@ def test_a_failing_service_loses_nothing_and_a_restart_trains_the_samples_once(t
 
 
 def test_a_crash_between_publishing_and_checkpointing_resumes_past_the_published_version(tiny_model_dir, tmp_path,
-                                                                                          generations):
+                                                                                          generations, pool_later):
     """v1 is published, then the trainer dies before its checkpoint: the lease was not acknowledged,
     so its samples come back, and the restarted trainer publishes them as v2 (not v1 again)."""
     config = config_for(tiny_model_dir, tmp_path, *TRAIN, *TINKER, "pool.lease_seconds=1")
@@ -138,7 +137,7 @@ def test_a_crash_between_publishing_and_checkpointing_resumes_past_the_published
         with pytest.raises(RuntimeError, match="killed"):
             trainer.run_once()
         assert adapters.latest(tmp_path / "adapters", ADAPTER)[0] == 1 and pool.stats().get("consumed", 0) == 0
-        time.sleep(1.2)  # the dead trainer's lease expires
+        pool_later(1.2)  # the dead trainer's lease expires
         restarted = TinkerTrainer(config, pool, service=service)
         assert restarted.run_once()["version"] == 2 and pool.stats()["consumed"] == 6
 

@@ -32,7 +32,10 @@ __all__ = ["Caller", "Gateway", "create_app", "new_id"]  # older imports of thes
 log = logging.getLogger(__name__)
 
 
-def create_app(engine: Engine, pool: DataPool, config: Config) -> FastAPI:
+def create_app(engine: Engine, pool: DataPool, config: Config) -> HotRoutes:
+    """The gateway's ASGI app: FastAPI with every route, behind `HotRoutes` (the plain generation
+    routes through the metrics and error layers straight to the pipeline). `.state.gateway` is the
+    `Gateway`."""
     from clawr1.gateway import (
         anthropic,
         areal,
@@ -91,11 +94,11 @@ def create_app(engine: Engine, pool: DataPool, config: Config) -> FastAPI:
     hot = {"/v1/chat/completions": (chat.CHAT, chat.router), "/v1/completions": (completions.COMPLETIONS,
            completions.router), "/v1/messages": (anthropic.MESSAGES, anthropic.router),
            "/v1/responses": (responses.RESPONSES, responses.router)}
-    app.add_middleware(HotRoutes, routes={path: (wire, _route(router, path)) for path, (wire, router) in hot.items()})
     errors.install(app)
     app.add_middleware(errors.CatchAll)  # inside the metrics, so what it answers is counted
     app.add_middleware(MetricsMiddleware, metrics=gateway.metrics)
-    return app
+    return HotRoutes(app, {path: (wire, _route(router, path)) for path, (wire, router) in hot.items()},
+                     wrap=lambda inner: MetricsMiddleware(errors.CatchAll(inner), metrics=gateway.metrics))
 
 
 def _route(router: APIRouter, path: str) -> APIRoute:

@@ -134,15 +134,18 @@ async def handle(request: Request, wire: Wire, path_ids: tuple[str, str] | None,
 
 
 class HotRoutes:
-    """ASGI: the plain generation routes (`POST /v1/chat/completions` and the like, no ids in the
-    path) go straight to `handle`, ahead of FastAPI's exception layers, exit stack and router (a
-    regex match over every route, dependency solving): measured, that was about a fifth of the
-    gateway's CPU a request. It sits inside the metrics and `CatchAll` layers and labels the
-    request with the FastAPI route that serves the same path (so `/metrics` and the OpenAPI schema
-    are unchanged); every other request, and any method but POST, goes on to FastAPI."""
+    """The ASGI app the server runs, in front of FastAPI: the plain generation routes (`POST
+    /v1/chat/completions` and the like, no ids in the path) go straight to `handle` through
+    `wrap` (the metrics and `CatchAll` layers, the same ones FastAPI's stack has), skipping
+    FastAPI's own layers (server errors, body limit, telemetry, exit stack) and its router (a regex
+    match over every route, dependency solving): measured, those were about a third of the
+    gateway's CPU a request. The request is labelled with the FastAPI route that serves the same
+    path, so `/metrics` and the OpenAPI schema are unchanged; everything else (other paths and
+    methods, lifespan) goes to FastAPI. `state` is FastAPI's (`state.gateway`)."""
 
-    def __init__(self, app: Any, routes: dict[str, tuple[Wire, Any]]):
-        self.app, self.routes = app, routes  # path -> (wire, the FastAPI route of that path)
+    def __init__(self, app: Any, routes: dict[str, tuple[Wire, Any]], wrap: Any = None):
+        self.app, self.routes, self.state = app, routes, app.state  # path -> (wire, FastAPI route)
+        self.hot = wrap(self._hot) if wrap is not None else self._hot
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         hit = None
@@ -152,8 +155,13 @@ class HotRoutes:
         if hit is None:
             await self.app(scope, receive, send)
             return
-        wire, scope["route"] = hit  # the route label the metrics read, as FastAPI's router sets it
-        response = await handle(Request(scope, receive), wire, None)
+        # What FastAPI would have set: the app (`request.app`) and the route (the metrics' label).
+        scope["app"], scope["route"], scope["clawr1.wire"] = self.app, hit[1], hit[0]
+        await self.hot(scope, receive, send)
+
+    @staticmethod
+    async def _hot(scope: Scope, receive: Receive, send: Send) -> None:
+        response = await handle(Request(scope, receive), scope["clawr1.wire"], None)
         await response(scope, receive, send)
 
 
