@@ -493,7 +493,7 @@ class GuardConfig(_Section):
     and the incumbent's on the same requests and seeds, and serves it only when it is not worse
     beyond the bounds below; a rejected version is never served and the trainer rolls back to the
     incumbent. Off: every published version is served at once, promoted as published (the
-admin's `clawr1 rollback` and `clawr1 pin` work the same)."""
+    admin's `clawr1 rollback` and `clawr1 pin` work the same)."""
 
     probes: int = Field(12, ge=8, le=256)
     """Held-out requests a candidate answers (at least 8: the base's normal range needs them)."""
