@@ -69,6 +69,7 @@ def test_steps_publish_versions_and_change_the_lora(tiny_model_dir, tmp_path, ge
         assert list((tmp_path / "trainer" / "tensorboard").glob("events.out.tfevents.*"))
 
 
+@pytest.mark.system  # wandb starts its own service process per run
 def test_wandb_run_mirrors_the_metrics_and_resumes_under_one_id(tiny_model_dir, tmp_path, generations, monkeypatch):
     pytest.importorskip("wandb", reason="pip install wandb (a test dependency)")
     monkeypatch.setenv("WANDB_MODE", "offline")  # a real run, written locally: no account, no network
