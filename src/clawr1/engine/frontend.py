@@ -1,7 +1,7 @@
 """What an engine that does not hold the weights itself still owns: the model's tokenizer and chat
 template (so prompt ids are rendered here and recorded exactly), its context window and end-of-turn
 ids, and the checks a request gets before anything is sent. The remote engines (vLLM, SGLang) and
-the Ray router are `Frontend`s; the local engine does the same with the model in hand."""
+the Ray router are `Frontend`s, and so is the local engine, with the model in hand."""
 
 from __future__ import annotations
 
@@ -22,10 +22,17 @@ def _model_json(model_path: Path, name: str) -> dict[str, Any]:
 
 class Frontend:
     def __init__(self, model_path: Path, max_context: int = 0):
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.chat = ChatFormat(self.tokenizer)
-        self.max_context = max_context or int(_model_json(model_path, "config.json").get("max_position_embeddings", 2048))
-        eos = [self.tokenizer.eos_token_id, _model_json(model_path, "generation_config.json").get("eos_token_id")]
+        """From the model directory's tokenizer and JSON files (the weights are elsewhere)."""
+        self.hold(AutoTokenizer.from_pretrained(model_path),
+                  max_context or int(_model_json(model_path, "config.json").get("max_position_embeddings", 2048)),
+                  _model_json(model_path, "generation_config.json").get("eos_token_id"))
+
+    def hold(self, tokenizer: Any, max_context: int, eos_token_id: int | list[int] | None) -> None:
+        """What a frontend keeps: the tokenizer and its chat format, the context window, and the
+        end-of-turn ids (the tokenizer's, and the generation config's one or list). The local
+        engine calls this with the tokenizer and model it loaded."""
+        self.tokenizer, self.chat, self.max_context = tokenizer, ChatFormat(tokenizer), max_context
+        eos = [tokenizer.eos_token_id, eos_token_id]
         self.eos_ids = frozenset(i for e in eos for i in (e if isinstance(e, list) else [e]) if i is not None)
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:

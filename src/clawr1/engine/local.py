@@ -38,14 +38,13 @@ from clawr1.core.types import (
     EngineOverloadedError,
     Generation,
     InvalidRequestError,
-    ParsedCompletion,
     SamplingParams,
     TokenEvent,
     UnknownAdapterError,
 )
 from clawr1.engine import adapters as store
 from clawr1.engine.batch import KVBatch, sample
-from clawr1.engine.chat import ChatFormat
+from clawr1.engine.frontend import Frontend
 from clawr1.engine.queued import QueuedStream
 from clawr1.engine.slots import AdapterSlots, Read
 from clawr1.engine.text import Advance
@@ -88,16 +87,13 @@ class LocalStream(QueuedStream):
         self._request.cancelled = True
 
 
-class LocalEngine:
+class LocalEngine(Frontend):
     """Serves one HF causal LM on this machine. Build with `LocalEngine.load(path, config)`."""
 
     def __init__(self, model: Any, tokenizer: Any, config: EngineConfig):
         self.config = config
-        self.tokenizer = tokenizer
-        self.chat = ChatFormat(tokenizer)
-        self.max_context = config.max_context or int(getattr(model.config, "max_position_embeddings", 2048))
-        eos = {tokenizer.eos_token_id, *_as_list(getattr(model.generation_config, "eos_token_id", None))}
-        self.eos_ids = frozenset(i for i in eos if i is not None)
+        self.hold(tokenizer, config.max_context or int(getattr(model.config, "max_position_embeddings", 2048)),
+                  getattr(model.generation_config, "eos_token_id", None))
         self._base = model.eval()
         self._slots = AdapterSlots(self._base)
         self._adapters: dict[str, tuple[str, int]] = {}  # name -> (peft key, version)
@@ -125,24 +121,14 @@ class LocalEngine:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[config.dtype]).to(config.device)
         return cls(model, tokenizer, config)
 
-    # ---- the contract -------------------------------------------------------------------
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        return self.chat.render(messages, tools)
-
-    def parse(self, text: str) -> ParsedCompletion:
-        return self.chat.parse(text)
-
+    # ---- the contract (render and parse: `Frontend`) ---------------------------------------
     def generate(self, prompt_ids: list[int], sampling: SamplingParams, adapter: str | None = None,
                  affinity: str | None = None) -> LocalStream:
         """Start a generation. Bad input raises here, before anything streams."""
         if self._closed:
             raise EngineFailure("the engine is closed")
         self._check_prompt(prompt_ids)
-        room = self.max_context - len(prompt_ids)
-        if room < 1:
-            raise ContextLengthError(
-                f"the prompt has {len(prompt_ids)} tokens; this model's context is {self.max_context} "
-                "and at least one completion token must fit", "messages")
+        room = self.room(prompt_ids)
         if self._pending >= self.config.max_queue + self.config.max_batch:
             raise EngineOverloadedError(f"the engine has {self._pending} requests in flight; retry shortly")
         key, version = self._resolve(adapter)
@@ -450,10 +436,3 @@ def _answer(waiters: list[Future], version: int | None = None, error: BaseExcept
                 future.set_result(version)
             else:
                 future.set_exception(error)
-
-
-def _as_list(value: Any) -> list[Any]:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, (list, tuple)) else [value]
-
