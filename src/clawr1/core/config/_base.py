@@ -1,0 +1,23 @@
+"""What every config section shares: the base model (extra keys refused, field docstrings as
+descriptions, assignments validated) and the names several sections use."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+EMBEDDED_MODEL = "smollm2-135m-instruct"
+SECRET_FIELDS = frozenset({"api_keys", "admin_key", "judge_api_key", "keys", "postgres_dsn", "api_key"})
+TENANT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # safe as a directory and an adapter name
+
+
+def default_data_dir() -> Path:
+    """`$CLAWR1_DATA_DIR`, else `~/.clawr1`."""
+    return Path(os.environ.get("CLAWR1_DATA_DIR", Path.home() / ".clawr1"))
+
+
+class _Section(BaseModel):
+    # Field docstrings become the fields' descriptions in the JSON schema (`Config.model_json_schema()`).
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)

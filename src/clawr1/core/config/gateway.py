@@ -1,0 +1,103 @@
+"""The gateway's settings and the tenants it serves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+
+from clawr1.core.config._base import TENANT_NAME, _Section
+
+
+class GatewayConfig(_Section):
+    host: str = Field("127.0.0.1", min_length=1, max_length=255)
+    """Address to bind. Loopback by default; any other address requires `api_keys`."""
+
+    port: int = Field(8000, ge=0, le=65535)
+    """TCP port (0 = any free port)."""
+
+    api_keys: list[str] = Field(default_factory=list, max_length=10_000)
+    """Bearer keys agents must send. Empty: no auth, and the gateway only binds to loopback."""
+
+    tls_cert: Path | None = None
+    """PEM certificate (chain) to serve HTTPS with (uvicorn's TLS); set with `tls_key`. Unset:
+    plain HTTP, which is fine on loopback; across a network, set both."""
+
+    tls_key: Path | None = None
+    """PEM private key of `tls_cert`."""
+
+    admin_key: str | None = Field(None, min_length=16, max_length=512)
+    """Separate key for `/admin/*` routes; unset = admin routes disabled."""
+
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, le=1024**3)
+    """Largest accepted request body; larger gets 413."""
+
+    max_json_depth: int = Field(64, ge=4, le=512)
+    """Deepest nesting of arrays and objects a request body may have, checked before it is parsed
+    (deeper is a 400): Python's JSON parser recurses once per level."""
+
+    durable_reply: bool = True
+    """Commit each step before the reply's last byte (a plain reply's body, a stream's last events
+    and `[DONE]`), so a crash never loses a step whose reply the client saw (0 lost in 50 kill -9
+    cycles, `clawr1 bench crash`); a failed commit is a 503 and nothing is acknowledged. It costs
+    ~0.75 ms p50 at one client (`clawr1 bench gateway --durable both`; the pool's commit linger is
+    off then). Off: the step is committed just after the reply went out, and a kill -9 under load
+    loses some (~9% of the replies of a 0.2-0.8 s burst in the bench)."""
+
+    max_pending: int = Field(256, ge=1, le=100_000)
+    """Requests being served or recorded at once; beyond it new requests get 429, so a slow pool
+    never makes the gateway lose data silently."""
+
+    keepalive_s: float = Field(2.0, gt=0, le=60)
+    """While a streaming request waits for the engine, an empty-delta chunk is sent this often so
+    clients with idle timeouts (OpenClaw) do not abort."""
+
+    request_timeout_s: float = Field(600.0, gt=0, le=86_400)
+    """Longest a request may take in the engine; past it the work is cancelled, the step stored as
+    `aborted`, and the client gets 504 (a stream ends with an error event)."""
+
+    adapter_poll_s: float = Field(0.5, gt=0, le=60)
+    """How often the gateway looks for a newly published policy version to serve."""
+
+    session_idle_s: float = Field(1800.0, gt=0, le=30 * 86_400)
+    """A session with no request for this long is closed (its last turn is masked unless it has
+    feedback), and its matcher state is freed."""
+
+    @property
+    def scheme(self) -> str:
+        """`https` with `tls_cert`, else `http`: what the URLs printed for clients start with."""
+        return "https" if self.tls_cert else "http"
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> GatewayConfig:
+        # (Whether the files exist is checked where the gateway starts, `check_exposure`: a trainer
+        # or `clawr1 config` on another host loads the same file without them.)
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("gateway.tls_cert and gateway.tls_key go together: set both, or neither")
+        return self
+
+
+class TenantsConfig(_Section):
+    keys: dict[str, list[str]] = Field(default_factory=dict, max_length=10_000)
+    """Agent keys of named tenants, `{acme = ["sk-..."], globex = ["sk-..."]}`. A tenant's sessions,
+    samples, exports and (with `adapter_per_tenant`) adapter are its own; `gateway.api_keys` belong
+    to the tenant `default`. Keys are secrets: never printed or logged."""
+
+    adapter_per_tenant: bool = False
+    """Train one LoRA adapter per tenant (`policy-<tenant>`) on that tenant's samples only, and serve
+    it only to that tenant: one base model, adapters batched per row. Off: one shared policy."""
+
+    @field_validator("keys")
+    @classmethod
+    def _valid(cls, keys: dict[str, list[str]]) -> dict[str, list[str]]:
+        import re
+
+        seen: set[str] = set()
+        for tenant, values in keys.items():
+            if not re.match(TENANT_NAME, tenant):
+                raise ValueError(f"tenant name {tenant!r} must match {TENANT_NAME}")
+            for key in values:
+                if len(key) < 8 or key in seen:
+                    raise ValueError(f"tenant {tenant!r}: every key must be unique and at least 8 characters")
+                seen.add(key)
+        return keys
