@@ -309,3 +309,45 @@ def test_an_admin_rollback_applies_with_the_guard_off(tiny_model_dir, tmp_path, 
         assert adapters.read_marker(adapters.version_dir(tmp_path / "adapters", "policy", 4))["rollback"] == "r1"
         assert adapters.read_marker(adapters.version_dir(tmp_path / "adapters", "policy", 3))["rollback"] is None
         trainer.close()
+
+
+def test_a_per_sample_average_weighs_every_reply_alike(tiny_model_dir, tmp_path, generations):
+    """`trainer.loss_average = "sample"`: a 3-token reply's tokens carry (mean length / 3) times the
+    advantage a 12-token reply's carry, so the policy-gradient term is the mean of the two replies'
+    token means; one step then raises the short +1 reply's logprob more than the token average does
+    (its end is worth as much as the long reply's twelve tokens)."""
+    from dataclasses import replace
+
+    from clawr1.trainer.batch import per_sample
+
+    short = replace(step_of(0, *generations[0]), token_ids=generations[0][1].token_ids[:3],
+                    logprobs=generations[0][1].logprobs[:3])
+    samples = [TrainSample(short, 1.0), TrainSample(step_of(1, *generations[1]), -1.0)]
+    assert len(samples[1].step.token_ids) == 12
+    weighted = per_sample(samples, "sample")
+    assert [s.weight for s in weighted] == pytest.approx([7.5 / 3, 7.5 / 12])
+    assert per_sample(samples, "token") == samples
+    config = TrainerConfig(method="rl", loss_average="sample")
+    m = prepare(trained(tiny_model_dir, tmp_path / "p", samples, 0).policy, weighted, config, torch.tensor([1.0, -1.0]))
+    per_token = (m.advantage * m.mask).sum(dim=1) / m.mask.sum(dim=1)
+    assert per_token.tolist() == pytest.approx([7.5 / 3, -7.5 / 12])
+    assert float((m.advantage * m.mask).sum() / m.mask.sum()) == pytest.approx(0.0, abs=1e-6)  # (1 - 1) / 2
+
+    gains = {}
+    for average in ("token", "sample"):
+        trainer = trained(tiny_model_dir, tmp_path / average, samples, 0, f'trainer.loss_average="{average}"',
+                          "trainer.warmup_steps=0", "trainer.kl_coef=0")
+        before = trainer.sequence_logprob(short.prompt_ids, short.token_ids)
+        trainer.train_step(per_sample(samples, average))
+        gains[average] = trainer.sequence_logprob(short.prompt_ids, short.token_ids) - before
+    assert gains["sample"] > gains["token"] > 0, gains
+
+    from clawr1.core.records import Reward
+
+    config = config_for(tiny_model_dir, tmp_path / "lease", 'trainer.loss_average="sample"', "trainer.batch_size=2")
+    with SQLitePool(tmp_path / "lease", config.pool) as pool:  # the trainer weighs what it leases
+        for sample in samples:
+            pool.append_step(sample.step)
+            pool.add_reward(Reward(step_id=sample.step.step_id, score=sample.reward, source="test"))
+        leased = {s.step.step_id: s.weight for s in Trainer(config, pool).take()}
+        assert leased == pytest.approx({"st-0": 7.5 / 3, "st-1": 7.5 / 12})

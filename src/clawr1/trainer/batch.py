@@ -40,6 +40,17 @@ class TrainSample:
     relabelled: bool = False  # a row `relabelled` made: no lease of its own, behaviour = the learner's
 
 
+def per_sample(samples: list[TrainSample], average: str) -> list[TrainSample]:
+    """`trainer.loss_average = "sample"`: each sample's weight times the lease's mean reply length
+    over its own, so the token mean the loss takes becomes a mean over samples (of each one's
+    token mean) at the same overall size; `token` leaves the samples as they are."""
+    lengths = [len(s.step.token_ids) for s in samples]
+    if average == "token" or not samples or not all(lengths):
+        return samples
+    mean = sum(lengths) / len(lengths)
+    return [replace(s, weight=s.weight * mean / n) for s, n in zip(samples, lengths)]
+
+
 def relabelled(pool: Any, samples: list[TrainSample], weight: float) -> list[TrainSample]:
     """Hindsight relabelling (`trainer.relabel`): for each +1 sample whose previous main turn was
     corrected (it has a hint), one more row: this reply's tokens as the answer to that turn's

@@ -27,7 +27,15 @@ from clawr1.datapool.base import PoolQueue
 from clawr1.engine import adapters
 from clawr1.engine.models import resolve_model
 from clawr1.trainer import checkpoint, guarded, history, sharded
-from clawr1.trainer.batch import Prepared, TrainSample, load_samples, prepare, relabelled, rl_advantages
+from clawr1.trainer.batch import (
+    Prepared,
+    TrainSample,
+    load_samples,
+    per_sample,
+    prepare,
+    relabelled,
+    rl_advantages,
+)
 from clawr1.trainer.losses import entropy_band, kl_to_reference, masked_mean, ppo_loss
 from clawr1.trainer.policy import Policy, pack
 from clawr1.trainer.ranks import Ranks
@@ -272,7 +280,7 @@ class Trainer:
 
     def load(self, lease: Any) -> list[TrainSample]:
         samples = load_samples(self.pool, lease)
-        return samples + relabelled(self.pool, samples, self.tc.relabel)
+        return per_sample(samples + relabelled(self.pool, samples, self.tc.relabel), self.tc.loss_average)
 
     def train_step(self, samples: list[TrainSample]) -> dict[str, Any] | None:
         """Forward/backward on `samples`, adding to the gradients kept since the last optimizer step;

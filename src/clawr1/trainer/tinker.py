@@ -40,7 +40,7 @@ from clawr1.engine import adapters
 from clawr1.engine.chat import ChatFormat
 from clawr1.engine.models import resolve_model
 from clawr1.trainer import checkpoint, guarded, history
-from clawr1.trainer.batch import TrainSample, load_samples, rl_advantages, token_advantages, with_hint
+from clawr1.trainer.batch import TrainSample, load_samples, per_sample, rl_advantages, token_advantages, with_hint
 from clawr1.trainer.loop import scheduled_lr
 from clawr1.trainer.losses import opd_advantage
 from clawr1.trainer.ranks import Ranks
@@ -141,7 +141,7 @@ class TinkerTrainer:
             return None
         started = time.perf_counter()
         lease = self.pool.lease(wanted, current_version=self.weights_of)
-        samples = load_samples(self.pool, lease)
+        samples = per_sample(load_samples(self.pool, lease), self.tc.loss_average)
         datums, metrics = self.datums(samples)
         if not datums:  # no sample had a signal: nothing to train, nothing to lose
             self.pool.ack(lease.lease_id)

@@ -173,6 +173,13 @@ class TrainerConfig(_Section):
     learner's own logprobs as the behaviour. What the model got right once told is learnt for the
     next time nobody tells it. Local trainer only."""
 
+    loss_average: Literal["token", "sample"] = "token"
+    """How the policy-gradient term averages over a lease: `token`, one mean over all its reply
+    tokens (DAPO's token-level loss: a long reply weighs more than a short one); `sample`, each
+    sample's token mean, scaled by the lease's mean reply length so the loss keeps its size
+    (GRPO's original sequence mean: every reply weighs the same, so a short reply's tokens, its
+    end-of-sequence token included, each count for more). The KL and entropy terms stay token means."""
+
     opd_estimator: Literal["sampled", "full"] = "sampled"
     """How OPD measures the teacher: `sampled`, the teacher-minus-behaviour logprob of each sampled
     token as its advantage (OpenClaw-RL's estimator: it can only raise or lower tokens the policy
