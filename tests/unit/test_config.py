@@ -24,10 +24,17 @@ def test_file_then_overrides_then_validation(tmp_path):
 
 
 @pytest.mark.parametrize("override", ["engine.max_batch=0", "engine.threads=-1", "engine.dtype=int8",
-                                      "engine.nope=1", "engine.device=tpu"])
+                                      "engine.nope=1", "engine.device=tpu", "trainer.stop_coef=-1"])
 def test_out_of_bounds_or_unknown_is_rejected(override):
     with pytest.raises(ValidationError):
         load_config(None, [override])
+
+
+@pytest.mark.parametrize("others", [['trainer.method="rl"'], ['trainer.method="combine"', 'trainer.opd_estimator="full"']])
+def test_the_stop_term_needs_the_sampled_opd_teacher(others):
+    with pytest.raises(ValidationError, match="stop_coef"):
+        load_config(None, ["trainer.stop_coef=1", *others])
+    load_config(None, ["trainer.stop_coef=1", 'trainer.method="combine"'])
 
 
 def test_malformed_override():

@@ -80,23 +80,25 @@ def test_the_chunked_head_equals_the_unchunked_log_softmax(tiny_model_dir, tmp_p
     on = m.mask > 0
     ref_logp, ref_entropy = token_logprobs(full, m.rows), vocab_entropy(full)
     ref_kl, ref_teacher = vocab_kl(full, base), vocab_kl(full, teacher)
+    ref_stop = full[..., policy.stop_id]  # the chance of ending the reply at each position (`stop_coef`)
     ref_loss = (masked_mean(ref_logp, m.mask) + masked_mean(ref_entropy, m.mask) + masked_mean(ref_kl, m.mask)
-                + masked_mean(ref_teacher, m.distill))
+                + masked_mean(ref_teacher, m.distill) + masked_mean(ref_stop, m.mask))
     ref_loss.backward()
     expected = grads(trainer)
     trainer.optimizer.zero_grad(set_to_none=True)
 
-    logp, entropy, kl, kl_teacher = policy.stats(m.rows, m.mask, reference=True, teacher=m.teacher,
-                                                 teacher_head=m.teacher_head)
+    logp, entropy, kl, kl_teacher, stop = policy.stats(m.rows, m.mask, reference=True, teacher=m.teacher,
+                                                       teacher_head=m.teacher_head, stop=True)
     hint = m.distill > 0
     assert torch.allclose(logp[on], ref_logp[on], atol=1e-5)
     assert torch.allclose(entropy[on], ref_entropy[on], atol=1e-5)
     assert torch.allclose(kl[on], ref_kl[on], atol=1e-5) and kl[on].max() > 1e-4
     assert torch.allclose(kl_teacher[hint], ref_teacher[hint], atol=1e-5) and kl_teacher[hint].max() > 1e-3
+    assert torch.allclose(stop[on], ref_stop[on], atol=1e-5)
     assert hint.sum() < on.sum()  # the samples without a hint have no teacher term
     assert torch.allclose(policy.logprobs(m.rows)[on], ref_logp[on].detach(), atol=1e-5)
     (masked_mean(logp, m.mask) + masked_mean(entropy, m.mask) + masked_mean(kl, m.mask)
-     + masked_mean(kl_teacher, m.distill)).backward()
+     + masked_mean(kl_teacher, m.distill) + masked_mean(stop, m.mask)).backward()
     for name, g in grads(trainer).items():  # float32 sums in another order: equal to ~1e-6 relative
         assert float((g - expected[name]).norm() / expected[name].norm()) < 1e-4, name
     assert sum(float(g.abs().sum()) for g in expected.values()) > 0

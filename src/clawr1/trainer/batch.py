@@ -109,6 +109,10 @@ class Prepared:
     teacher: torch.Tensor | None = None
     teacher_head: torch.Tensor | None = None
     distill: torch.Tensor | None = None
+    # `stop_coef > 0`: the hinted teacher's logprob of ending the reply at each reply position
+    # [B, K], and the weight of each token's stop term (hinted samples' reply tokens x weight).
+    stop_teacher: torch.Tensor | None = None
+    stop_weight: torch.Tensor | None = None
 
 
 def rl_advantages(samples: list[TrainSample], config: TrainerConfig, baseline: float) -> tuple[torch.Tensor, float]:
@@ -147,8 +151,9 @@ def prepare(policy: Policy, samples: list[TrainSample], config: TrainerConfig, r
     opd = torch.zeros(len(steps), k)
     hinted = config.method != "rl" and bool(has_hint.any())
     full = hinted and config.opd_estimator == "full"
+    stop = None
     if hinted and not full:
-        opd = _opd(policy, samples, rows, behaviour, config)
+        opd, stop = _opd(policy, samples, rows, behaviour, config)
     advantage, mask, usable = token_advantages(samples, config, rl, opd, rows.mask)
     weight = torch.tensor([s.weight for s in samples])
     has_logprobs = torch.tensor([bool(s.logprobs) and not sample.relabelled for s, sample in zip(steps, samples)])
@@ -161,6 +166,8 @@ def prepare(policy: Policy, samples: list[TrainSample], config: TrainerConfig, r
     if full:
         out.teacher, out.teacher_head = _teacher_hidden(policy, samples, rows, config)
         out.distill = (mask * (has_hint * weight)[:, None]).to(device)
+    if stop is not None:
+        out.stop_teacher, out.stop_weight = stop.to(device), (mask * (has_hint * weight)[:, None]).to(device)
     return out
 
 
@@ -220,15 +227,22 @@ def _right_aligned(values: torch.Tensor, samples: list[TrainSample], index: list
 
 @torch.no_grad()
 def _opd(policy: Policy, samples: list[TrainSample], rows: Rows, behaviour: torch.Tensor,
-         config: TrainerConfig) -> torch.Tensor:
+         config: TrainerConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Teacher logprobs of the same reply tokens with the hint in the context, minus behaviour
-    (zero on the tokens of samples without a hint)."""
+    (zero on the tokens of samples without a hint); with `stop_coef`, also the teacher's logprob
+    of ending the reply at each of those positions (same forward), else None."""
     index = [i for i, s in enumerate(samples) if s.hint]
+    k = rows.targets.shape[1]
     with _teacher(policy, config):
-        teacher = policy.logprobs(_teacher_rows(policy, samples, index, config.hint_at))
+        teacher_rows = _teacher_rows(policy, samples, index, config.hint_at)
+        if config.stop_coef > 0:
+            teacher, stop = policy.logprobs_and_stop(teacher_rows)
+        else:
+            teacher, stop = policy.logprobs(teacher_rows), None
     hinted = rows.mask * torch.tensor([bool(s.hint) for s in samples])[:, None]
-    teacher = _right_aligned(teacher.cpu(), samples, index, rows.targets.shape[1])
-    return opd_advantage(teacher, behaviour, config.opd_clip) * hinted
+    teacher = _right_aligned(teacher.cpu(), samples, index, k)
+    stop = None if stop is None else _right_aligned(stop.cpu(), samples, index, k) * hinted
+    return opd_advantage(teacher, behaviour, config.opd_clip) * hinted, stop
 
 
 @torch.no_grad()

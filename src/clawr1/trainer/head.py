@@ -4,9 +4,9 @@ vocabulary] tensor outlives a chunk of positions.
 The model gives hidden states [n, H] at the reply positions; the LM head turns each into logits
 over the vocabulary (49k rows for SmolLM2, 152k for Qwen). What the trainer needs from those
 logits is a few numbers per position: the sampled token's logprob, the entropy, the KL to the base
-model (whose hidden states come from the same weights with the adapter off) and, for full-vocabulary
-OPD, the KL to the hint-informed teacher (hidden states of the same reply with the hint in the
-context). `head_stats` computes them in chunks of positions in the forward pass and keeps only its inputs; the
+model (whose hidden states come from the same weights with the adapter off), for full-vocabulary
+OPD the KL to the hint-informed teacher (hidden states of the same reply with the hint in the
+context) and, for the stop term, the logprob of ending the reply there. `head_stats` computes them in chunks of positions in the forward pass and keeps only its inputs; the
 backward pass recomputes each chunk's logits and returns the gradient for the hidden states (and
 the head, when it trains). Peak memory is a few [chunk x V] float32 tensors whatever the batch.
 
@@ -34,22 +34,25 @@ def chunks(rows: int, vocab: int) -> list[slice]:
 def head_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, inv_temperature: torch.Tensor,
                reference: torch.Tensor | None = None, reference_weight: torch.Tensor | None = None,
                teacher: torch.Tensor | None = None, teacher_weight: torch.Tensor | None = None,
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(logprob of `targets`, entropy, KL(policy || reference), KL(policy || teacher)) at each of n
-    positions, in float32.
+               stop: torch.Tensor | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logprob of `targets`, entropy, KL(policy || reference), KL(policy || teacher), logprob of
+    `stop`) at each of n positions, in float32.
 
     `hidden` [n, H] and `weight` [V, H] (the LM head) give the logits, divided by the sampling
     temperature (`inv_temperature` [n] = 1 / T). `reference` and `teacher` [n, H]: other models'
     hidden states at the same positions (no gradient: the base model, the hinted teacher), under
-    their own heads (default: `weight`); either absent gives zeros for its KL. Differentiable in
+    their own heads (default: `weight`); either absent gives zeros for its KL. `stop` [n]: a second
+    token per position (the end-of-turn id: the stop decision); absent, zeros. Differentiable in
     `hidden` and `weight`."""
     empty = hidden.new_zeros((0, hidden.shape[-1]))
 
     def other(h: torch.Tensor | None, w: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         return (empty if h is None else h.detach()), (weight.detach() if w is None else w.detach())
 
+    stop = targets.new_zeros(0) if stop is None else stop
     return _HeadStats.apply(hidden, weight, targets, inv_temperature.float(), *other(reference, reference_weight),
-                            *other(teacher, teacher_weight))
+                            *other(teacher, teacher_weight), stop)
 
 
 @torch.no_grad()
@@ -72,29 +75,31 @@ class _HeadStats(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, inv_t: torch.Tensor,
                 reference: torch.Tensor, ref_weight: torch.Tensor, teacher: torch.Tensor,
-                teacher_weight: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                teacher_weight: torch.Tensor, stop: torch.Tensor) -> tuple[torch.Tensor, ...]:
         n = hidden.shape[0]
         others = ((reference, ref_weight), (teacher, teacher_weight))
-        logp_t, entropy, kl_ref, kl_teacher = (torch.zeros(n, dtype=torch.float32, device=hidden.device)
-                                               for _ in range(4))
+        logp_t, entropy, kl_ref, kl_teacher, logp_stop = (torch.zeros(n, dtype=torch.float32, device=hidden.device)
+                                                          for _ in range(5))
         for s in chunks(n, weight.shape[0]):
             logp = _chunk(hidden[s], weight, inv_t[s])
             p = logp.exp()
             logp_t[s] = logp.gather(-1, targets[s, None]).squeeze(-1)
+            if stop.shape[0]:
+                logp_stop[s] = logp.gather(-1, stop[s, None]).squeeze(-1)
             entropy[s] = -(p * logp).sum(-1)
             for (h, w), kl in zip(others, (kl_ref, kl_teacher)):
                 if h.shape[0]:
                     kl[s] = (p * (logp - _chunk(h[s], w, inv_t[s]))).sum(-1)
         ctx.save_for_backward(hidden, weight, targets, inv_t, reference, ref_weight, teacher, teacher_weight,
-                              entropy, kl_ref, kl_teacher)
+                              stop, entropy, kl_ref, kl_teacher)
         ctx.set_materialize_grads(False)  # an output the loss does not use gets None: its term is skipped
-        return logp_t, entropy, kl_ref, kl_teacher
+        return logp_t, entropy, kl_ref, kl_teacher, logp_stop
 
     @staticmethod
     def backward(ctx: Any, g_logp: torch.Tensor, g_entropy: torch.Tensor, g_ref: torch.Tensor,
-                 g_teacher: torch.Tensor) -> tuple[Any, ...]:
+                 g_teacher: torch.Tensor, g_stop: torch.Tensor) -> tuple[Any, ...]:
         (hidden, weight, targets, inv_t, reference, ref_weight, teacher, teacher_weight,
-         entropy, kl_ref, kl_teacher) = ctx.saved_tensors
+         stop, entropy, kl_ref, kl_teacher) = ctx.saved_tensors
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         # A KL term counts when the loss used it and its other model's logits can be recomputed.
         kls = [(h, w, kl, g) for h, w, kl, g in ((reference, ref_weight, kl_ref, g_ref),
@@ -106,9 +111,10 @@ class _HeadStats(torch.autograd.Function):
             logp = _chunk(hidden[s], weight, inv_t[s])
             p = logp.exp()
             dz = torch.zeros_like(logp)
-            if g_logp is not None:  # the target's term: (onehot - p) * g
-                dz -= p * g_logp[s, None]
-                dz.scatter_add_(-1, targets[s, None], g_logp[s, None])
+            for ids, g in ((targets, g_logp), (stop, g_stop if stop.shape[0] else None)):
+                if g is not None:  # a picked token's term: (onehot - p) * g
+                    dz -= p * g[s, None]
+                    dz.scatter_add_(-1, ids[s, None], g[s, None])
             if g_entropy is not None:
                 dz -= p * (logp + entropy[s, None]) * g_entropy[s, None]
             for h, w, kl, g in kls:
@@ -118,4 +124,4 @@ class _HeadStats(torch.autograd.Function):
                 grad_h[s] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
             if grad_w is not None:
                 grad_w += dz.T @ hidden[s].float()
-        return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), *([None] * 6)
+        return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), *([None] * 7)

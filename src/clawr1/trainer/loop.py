@@ -36,7 +36,7 @@ from clawr1.trainer.batch import (
     relabelled,
     rl_advantages,
 )
-from clawr1.trainer.losses import entropy_band, kl_to_reference, masked_mean, ppo_loss
+from clawr1.trainer.losses import entropy_band, kl_to_reference, masked_mean, ppo_loss, stop_kl
 from clawr1.trainer.policy import Policy, pack
 from clawr1.trainer.ranks import Ranks
 
@@ -310,7 +310,7 @@ class Trainer:
                 if m.stats["tokens"]:
                     loss, stats = self.loss(m)
                     (loss * m.stats["tokens"]).backward()
-                    acc.count({key: stats.pop(key) for key in ("kl_teacher_sum", "distill_tokens") if key in stats})
+                    acc.count({key: stats.pop(key) for key in HINTED_SUMS if key in stats})
                     acc.add(stats, m.stats["tokens"])
                 elif self.sharded:
                     self.empty_pass()
@@ -376,7 +376,7 @@ class Trainer:
             loss, stats = self.loss(m)
             (loss * m.stats["tokens"]).backward()
             for key, value in stats.items():
-                if key not in ("kl_teacher_sum", "distill_tokens"):
+                if key not in HINTED_SUMS:
                     sums[key] = sums.get(key, 0.0) + value * m.stats["tokens"]
         mine = sum(m.stats["tokens"] for m in acc.passes if m is not None)
         sums = {key: value / mine for key, value in sums.items()} if mine else {}  # this rank's means
@@ -394,12 +394,17 @@ class Trainer:
         hinted samples' tokens; `kl_sampler`, KL(sampler || learner) on the sampled tokens (the logprobs the
         engine stored against the learner's: more than ~0 on fresh samples means off-policy data or
         a mismatch between the engine's maths and the trainer's); `kl`, the penalty's KL (0 when off)."""
-        logp, entropies, kls, kl_teacher = self.policy.stats(m.rows, m.mask, reference=self.policy.has_base,
-                                                             teacher=m.teacher, teacher_head=m.teacher_head)
+        logp, entropies, kls, kl_teacher, logp_stop = self.policy.stats(
+            m.rows, m.mask, reference=self.policy.has_base, teacher=m.teacher, teacher_head=m.teacher_head,
+            stop=m.stop_teacher is not None)
         loss, stats = ppo_loss(logp, m.behaviour, m.advantage, m.mask, self.tc.eps_low, self.tc.eps_high)
         if m.distill is not None:  # `opd_estimator = "full"`: OPD as the KL to the hinted teacher itself
             weight = self.tc.w_opd if self.tc.method == "combine" else 1.0
             loss = loss + weight * (kl_teacher * m.distill).sum() / m.mask.sum().clamp(min=1)
+        kl_stop = None
+        if m.stop_teacher is not None:  # `stop_coef`: the hinted teacher's stop decision at every position
+            kl_stop = stop_kl(m.stop_teacher, logp_stop) * m.stop_weight
+            loss = loss + self.tc.stop_coef * kl_stop.sum() / m.mask.sum().clamp(min=1)
         entropy = masked_mean(entropies, m.mask)
         if self.tc.entropy_coef > 0:
             loss = loss + self.tc.entropy_coef * entropy_band(entropy, self.tc.entropy_min, self.tc.entropy_max)
@@ -407,6 +412,10 @@ class Trainer:
                    # sums, not a token mean: `train_step` counts them over the hinted tokens only
                    **({"kl_teacher_sum": float((kl_teacher.detach() * m.distill).sum()),
                        "distill_tokens": float(m.distill.sum())} if m.distill is not None else {}),
+                   **({"kl_stop_sum": float(kl_stop.detach().sum()), "stop_tokens": float(m.stop_weight.sum()),
+                       "p_stop_sum": float((logp_stop.detach().exp() * m.stop_weight).sum()),
+                       "p_stop_teacher_sum": float((m.stop_teacher.exp() * m.stop_weight).sum())}
+                      if kl_stop is not None else {}),
                    "adv_mean": float(masked_mean(m.advantage, m.mask)), "entropy": entropy.item(),
                    "kl_sampler": float(kl_to_reference(m.behaviour, logp.detach(), m.sampled))}
         kl = torch.zeros((), device=logp.device)
@@ -472,6 +481,10 @@ def train_until(trainer: Any, stop: Any, ranks: Ranks | None = None, poll_s: flo
 
 
 # ---- helpers of `train_step` ---------------------------------------------------------------------
+# Sums over the hinted tokens only (counted, then divided by their own token count, not by all tokens).
+HINTED_SUMS = ("kl_teacher_sum", "distill_tokens", "kl_stop_sum", "stop_tokens", "p_stop_sum", "p_stop_teacher_sum")
+
+
 @dataclass
 class Accumulated:
     """A version in the making: the samples whose gradients the adapter's `.grad` holds since the
@@ -512,6 +525,9 @@ class Accumulated:
         lease_ids = list(dict.fromkeys(s.lease_id for s in self.samples if s.lease_id))
         if counts.get("distill_tokens"):  # KL to the hinted teacher, per hinted token
             means["kl_teacher"] = counts["kl_teacher_sum"] / counts["distill_tokens"]
+        if counts.get("stop_tokens"):  # the stop term, and the mean chance of ending, per hinted token
+            for key in ("kl_stop", "p_stop", "p_stop_teacher"):
+                means[key] = counts[f"{key}_sum"] / counts["stop_tokens"]
         return {"loss": 0.0, "ratio": 0.0, "clip_frac": 0.0, "kl": 0.0, "adv_mean": 0.0, **means,
                 "samples": counts.get("samples", 0.0), "relabelled": counts.get("relabelled", 0.0),
                 "usable": counts.get("usable", 0.0), "tokens": self.tokens,

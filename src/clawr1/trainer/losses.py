@@ -106,6 +106,16 @@ def kl_to_reference(logp: torch.Tensor, reference: torch.Tensor, mask: torch.Ten
     return masked_mean(torch.exp(d) - d - 1, mask)
 
 
+def stop_kl(teacher: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """KL(teacher || policy) of the stop decision at each position: two outcomes, ending the reply
+    (logprobs `teacher`, `logp`) or going on. Differentiable in `logp`."""
+    def go_on(lp: torch.Tensor) -> torch.Tensor:  # log(1 - p), finite while p < 1
+        return torch.log(-torch.expm1(lp.clamp(max=-1e-6)))
+
+    p = teacher.exp()
+    return p * (teacher - logp) + (1 - p) * (go_on(teacher) - go_on(logp))
+
+
 def vocab_kl(logp: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
     """KL(p || q) = sum_v p_v (log p_v - log q_v) at each position, over the whole vocabulary.
 

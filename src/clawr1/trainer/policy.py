@@ -109,6 +109,8 @@ class Policy:
             self._master_weights()
         self.model.train()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        # The token a reply ends with (an instruct tokenizer's end-of-turn): the stop decision's id.
+        self.stop_id = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.pad_id
 
     def _master_weights(self) -> None:
         """LoRA tensors in float32 whatever the base's dtype: AdamW's small updates would round
@@ -171,12 +173,13 @@ class Policy:
         return self.causal_lm.get_output_embeddings().weight
 
     def stats(self, rows: Rows, mask: torch.Tensor, reference: bool, teacher: torch.Tensor | None = None,
-              teacher_head: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+              teacher_head: torch.Tensor | None = None, stop: bool = False) -> tuple[torch.Tensor, ...]:
         """[B, K] float32 (logprob of the reply token, entropy, KL(policy || base), KL(policy ||
-        teacher)) at the positions of `mask`, zeros elsewhere; differentiable in the trainable
-        weights. `reference` False: no base forward, and that KL is zeros. `teacher` [B, K, H]: the
-        teacher's hidden states at the same reply positions (`teacher_hidden`) under `teacher_head`;
-        without it that KL is zeros. Each over the whole vocabulary, chunked (`head.py`)."""
+        teacher), logprob of ending the reply) at the positions of `mask`, zeros elsewhere;
+        differentiable in the trainable weights. `reference` False: no base forward, and that KL is
+        zeros. `teacher` [B, K, H]: the teacher's hidden states at the same reply positions
+        (`teacher_hidden`) under `teacher_head`; without it that KL is zeros. `stop` False: the last
+        is zeros. Each over the whole vocabulary, chunked (`head.py`)."""
         where = mask.to(self.device) > 0
         hidden = self.hidden(rows)[where]
         ref = ref_head = None
@@ -185,20 +188,35 @@ class Policy:
                 ref, ref_head = self.hidden(rows)[where], self.head
         rows = rows.to(self.device)
         inv_t = (1.0 / rows.temperature)[:, None].expand(where.shape)[where]
-        outs = head_stats(hidden, self.head, rows.targets[where], inv_t, ref, ref_head,
-                          None if teacher is None else teacher[where], teacher_head)
+        targets = rows.targets[where]
+        outs = head_stats(hidden, self.head, targets, inv_t, ref, ref_head,
+                          None if teacher is None else teacher[where], teacher_head,
+                          torch.full_like(targets, self.stop_id) if stop else None)
         return tuple(torch.zeros(where.shape, device=self.device).masked_scatter(where, o) for o in outs)
 
     @torch.no_grad()
     def logprobs(self, rows: Rows) -> torch.Tensor:
         """[B, K] logprobs of `rows.targets` (zeros at padding) under the temperature each reply was
         sampled at; no gradient (teachers, probes, the reference)."""
+        return self._picked(rows, stop=False)[0]
+
+    @torch.no_grad()
+    def logprobs_and_stop(self, rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """`logprobs`, and [B, K] the logprobs of ending the reply (`stop_id`) at the same
+        positions, from one forward (the OPD teacher with the stop term)."""
+        picked, stop = self._picked(rows, stop=True)
+        return picked, stop
+
+    def _picked(self, rows: Rows, stop: bool) -> list[torch.Tensor]:
         where = rows.mask.to(self.device) > 0
         hidden = self.hidden(rows)[where]
         rows = rows.to(self.device)
         inv_t = (1.0 / rows.temperature)[:, None].expand(where.shape)[where]
-        out = head_logprobs(hidden, self.head, rows.targets[where], inv_t)
-        return torch.zeros(where.shape, device=self.device).masked_scatter(where, out)
+        targets = rows.targets[where]
+        outs = [head_logprobs(hidden, self.head, targets, inv_t)]
+        if stop:
+            outs.append(head_logprobs(hidden, self.head, torch.full_like(targets, self.stop_id), inv_t))
+        return [torch.zeros(where.shape, device=self.device).masked_scatter(where, out) for out in outs]
 
     def distributions(self, rows: Rows) -> torch.Tensor:
         """[B, K, V] log-probabilities over the vocabulary at each reply position, unchunked: the

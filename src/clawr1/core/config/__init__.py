@@ -83,11 +83,11 @@ class Config(_Section):
         if remote and (self.trainer.finetune != "lora" or self.tenants.adapter_per_tenant):
             raise ValueError("trainer.backend = \"tinker\" trains one shared LoRA adapter")
         if remote and (self.trainer.opd_estimator == "full" or self.trainer.entropy_coef > 0
-                       or self.trainer.teacher != "base" or self.trainer.relabel > 0):
+                       or self.trainer.teacher != "base" or self.trainer.relabel > 0 or self.trainer.stop_coef > 0):
             raise ValueError("trainer.backend = \"tinker\": the service's PPO loss takes per-token advantages "
                              "only, and the teacher is the service's base sampler; trainer.opd_estimator = "
-                             "\"full\", entropy_coef > 0, teacher != \"base\" and relabel > 0 need the model "
-                             "here (train locally)")
+                             "\"full\", entropy_coef > 0, teacher != \"base\", relabel > 0 and stop_coef > 0 "
+                             "need the model here (train locally)")
         return self
 
 

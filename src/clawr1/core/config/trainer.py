@@ -190,6 +190,14 @@ class TrainerConfig(_Section):
     rate, because the 135M base with a complaint in its context is itself a poor teacher; so the
     default stays `sampled`."""
 
+    stop_coef: float = Field(0.0, ge=0, le=100)
+    """Weight of the stop term (0 = off; `opd` and `combine`, with `opd_estimator = "sampled"`): at
+    every reply position of a hinted sample, the KL between the hinted teacher's and the policy's
+    probability of ending the reply there (two outcomes: end, go on), a token mean. OPD on sampled
+    tokens can only move the token the policy drew, and a reply it did not end was never offered
+    the end; this gives the stop decision the teacher's view directly, and nothing else of the
+    vocabulary (which `full` moves too)."""
+
     hint_at: Literal["user", "system"] = "user"
     """Where the OPD teacher reads the hint: `user`, appended to the turn's last user message (as
     OpenClaw-RL does); `system`, as guidance in the system prompt. A small teacher reads a hint in
@@ -244,4 +252,8 @@ class TrainerConfig(_Section):
         if self.finetune == "full" and self.dtype in ("bfloat16", "float16"):
             raise ValueError("trainer.finetune = \"full\" trains in float32 (half-precision weights have no "
                              "master copy for AdamW); use LoRA for bfloat16/float16")
+        if self.stop_coef > 0 and (self.method == "rl" or self.opd_estimator == "full"):
+            raise ValueError("trainer.stop_coef distils the hinted teacher's stop decision: it needs "
+                             "trainer.method = \"opd\" or \"combine\" (hints), and opd_estimator = \"full\" "
+                             "already contains it")
         return self
