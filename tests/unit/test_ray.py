@@ -109,7 +109,10 @@ def test_two_replicas_route_around_a_killed_one_and_it_comes_back_current(cluste
         time.sleep(2)
         driver(cluster, 'ray.kill(ray.get_actor("clawr1-engine-0"), no_restart=False)')  # Ray restarts it
         killed_at = time.time() + 1.0  # the kill is asynchronous: allow a second for the replica to go
-        time.sleep(8)
+        time.sleep(8)  # the restart takes a few seconds: requests keep coming through it
+        # and on until 20 were sent after the kill and answered (fewer fit in 8 s on a loaded machine)
+        wait_for(lambda: sum(1 for at, _, _ in list(answered) if at >= killed_at) > 20, timeout=120,
+                 what="20 requests sent after the kill answered")
         stop.set()
         for thread in threads:
             thread.join(timeout=60)
