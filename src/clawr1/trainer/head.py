@@ -6,9 +6,9 @@ over the vocabulary (49k rows for SmolLM2, 152k for Qwen). What the trainer need
 logits is a few numbers per position: the sampled token's logprob, the entropy, the KL to the base
 model (whose hidden states come from the same weights with the adapter off), for full-vocabulary
 OPD the KL to the hint-informed teacher (hidden states of the same reply with the hint in the
-context) and, for the stop term, the logprob of ending the reply there. `head_stats` computes them in chunks of positions in the forward pass and keeps only its inputs; the
-backward pass recomputes each chunk's logits and returns the gradient for the hidden states (and
-the head, when it trains). Peak memory is a few [chunk x V] float32 tensors whatever the batch.
+context) and, for the stop term, the logprob of ending the reply there. `head_stats` computes them
+in chunks of positions in the forward pass and keeps only its inputs; the backward pass recomputes
+each chunk's logits and returns the gradient for the hidden states (and the head, when it trains). Peak memory is a few [chunk x V] float32 tensors whatever the batch.
 
 Gradients, per position, with p = softmax(z / T), l = log p, q the reference, t the target:
   d l_t / dz = (onehot_t - p) / T
