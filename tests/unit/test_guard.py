@@ -293,3 +293,35 @@ def test_with_the_guard_off_every_version_serves_as_published_and_the_admins_lev
         assert 'clawr1_guard_decisions_total{decision="promoted"} 3.0' in page
         assert httpx.get(f"{base}/dashboard/api/summary").json()["guard"] is None  # no probe settings to show
     assert "policy@candidate" not in fresh.adapters()
+
+
+def test_a_restart_applies_a_rollback_asked_while_down_and_serves_what_loads(fresh, tiny_model_dir, tmp_path):
+    """What serves after a restart: a rollback the admin asked while no gateway ran takes effect
+    (the discarded line's promoted versions are superseded, the target serves); a promoted
+    version that no longer loads is rejected and the next one in line serves, and the guard goes
+    on serving new versions."""
+    root = tmp_path / "adapters"
+    off = ("guard.enabled=false", "gateway.adapter_poll_s=0.1")
+    with live_gateway(fresh, tmp_path, *off) as (base, _):
+        publish(tiny_model_dir, tmp_path, 1, scale=0.0)
+        wait_for(lambda: fingerprint(base) == "clawr1-v1", 20, "v1 served")
+        publish(tiny_model_dir, tmp_path, 2, scale=0.0)
+        wait_for(lambda: fingerprint(base) == "clawr1-v2", 20, "v2 served")
+    store.set_control(root, "policy", rollback={"to": 1, "id": "r9"})  # while no gateway runs
+    with live_gateway(fresh, tmp_path, *off) as (base, _):
+        wait_for(lambda: store.verdict(root, "policy", 2)["status"] == "superseded", 20, "the rollback applied")
+        wait_for(lambda: fingerprint(base) == "clawr1-v1", 20, "the rollback's target served")
+        assert store.to_serve(root, "policy") == 1
+    (store.version_dir(root, "policy", 1) / "adapter_model.safetensors").write_bytes(b"not safetensors")
+    restarted = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8))  # a new process's
+    try:
+        with live_gateway(restarted, tmp_path, *off) as (base, pool):
+            wait_for(lambda: store.verdict(root, "policy", 1)["reason"].startswith("did not load"), 20,
+                     "the restore to find that v1 does not load")
+            assert fingerprint(base) == "clawr1-v0"  # v2 was superseded: the base serves
+            publish(tiny_model_dir, tmp_path, 3, scale=0.0, rollback="r9")  # the guard's loop still runs
+            wait_for(lambda: fingerprint(base) == "clawr1-v3", 20, "v3 served after the failed restore")
+            assert [(d["version"], d["status"]) for d in pool.policy_versions("policy")][-2:] == [
+                (1, "rejected"), (3, "promoted")]
+    finally:
+        run(restarted.close())

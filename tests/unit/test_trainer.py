@@ -242,7 +242,8 @@ def test_the_stop_term_moves_the_chance_of_ending_to_the_hinted_teacher(tiny_mod
             trainer = Trainer(config, pool, resume=False)
             with torch.no_grad():  # the tiny model's end-of-turn row is its (zeroed) padding row: make it a
                 # word's, so ending is as likely as that word (the base's, teacher and policy alike)
-                trainer.policy.head[trainer.policy.stop_id] = trainer.policy.head[common]
+                for end in trainer.policy.stop_ids:
+                    trainer.policy.head[end] = trainer.policy.head[common]
             first = gap(trainer)
             metrics = [trainer.train_step(samples) for _ in range(5)]
             gaps[coef] = (first, gap(trainer))

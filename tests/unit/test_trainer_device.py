@@ -80,7 +80,9 @@ def test_the_chunked_head_equals_the_unchunked_log_softmax(tiny_model_dir, tmp_p
     on = m.mask > 0
     ref_logp, ref_entropy = token_logprobs(full, m.rows), vocab_entropy(full)
     ref_kl, ref_teacher = vocab_kl(full, base), vocab_kl(full, teacher)
-    ref_stop = full[..., policy.stop_id]  # the chance of ending the reply at each position (`stop_coef`)
+    # The chance of ending the reply at each position (`stop_coef`), over two end ids: their summed probability.
+    policy.stop_ids = [*policy.stop_ids, 5]
+    ref_stop = torch.logsumexp(full[..., policy.stop_ids], -1)
     ref_loss = (masked_mean(ref_logp, m.mask) + masked_mean(ref_entropy, m.mask) + masked_mean(ref_kl, m.mask)
                 + masked_mean(ref_teacher, m.distill) + masked_mean(ref_stop, m.mask))
     ref_loss.backward()
@@ -95,6 +97,7 @@ def test_the_chunked_head_equals_the_unchunked_log_softmax(tiny_model_dir, tmp_p
     assert torch.allclose(kl[on], ref_kl[on], atol=1e-5) and kl[on].max() > 1e-4
     assert torch.allclose(kl_teacher[hint], ref_teacher[hint], atol=1e-5) and kl_teacher[hint].max() > 1e-3
     assert torch.allclose(stop[on], ref_stop[on], atol=1e-5)
+    assert torch.allclose(policy.logprobs_and_stop(m.rows)[1][on], ref_stop[on].detach(), atol=1e-5)
     assert hint.sum() < on.sum()  # the samples without a hint have no teacher term
     assert torch.allclose(policy.logprobs(m.rows)[on], ref_logp[on].detach(), atol=1e-5)
     (masked_mean(logp, m.mask) + masked_mean(entropy, m.mask) + masked_mean(kl, m.mask)

@@ -15,7 +15,7 @@ from typing import Any
 
 from clawr1.core.config import Config
 from clawr1.core.records import POLICY, Step
-from clawr1.core.types import SamplingParams
+from clawr1.core.types import EngineError, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +32,8 @@ class EngineReplica:
 
     async def ready(self) -> dict[str, int]:
         """Serve what is current: on the first call (after a start or a restart) load what serves
-        each adapter (`adapters.to_serve`: pinned, else the newest promoted; never a rejected
-        candidate) and the newest whole weights. Returns the adapters and their versions."""
+        each adapter (the first of `adapters.serve_order` that loads: pinned, else the newest
+        promoted, else the base; never a rejected candidate) and the newest whole weights. Returns the adapters and their versions."""
         if not self._restored:
             from clawr1.engine import adapters
 
@@ -44,9 +44,14 @@ class EngineReplica:
             root = Path(self.config.data_dir) / "adapters"
             names = sorted(d.name for d in root.iterdir() if d.name.startswith(POLICY)) if root.is_dir() else []
             for name in names:
-                version = adapters.to_serve(root, name)
-                if version:
-                    await self.engine.load_adapter(name, adapters.version_dir(root, name, version))
+                for version in adapters.serve_order(root, name):  # the next when one does not load
+                    if not version:
+                        break
+                    try:
+                        await self.engine.load_adapter(name, adapters.version_dir(root, name, version))
+                        break
+                    except EngineError as exc:
+                        log.error("engine replica %d: %s v%d does not load: %s", self.index, name, version, exc)
             self._restored = True
         return {**self.engine.adapters(), "weights": self.engine.weights_version()}
 

@@ -7,7 +7,7 @@
   a token yet is sent to the next replica (nothing was sampled, so nothing is lost); one that had
   fails like any engine failure (a 502 whose step is stored `aborted`, never a silent mix of two
   replicas' tokens). A watcher asks downed replicas `ready()` until Ray's restart answers; a
-  restarted replica has reloaded the newest published adapters itself.
+  restarted replica has reloaded what serves each adapter (`adapters.serve_order`) itself.
 - Versions: `load_adapter` loads a version on every live replica, then flips the router's view.
   Rendering, parsing and the context check happen here with the model's own tokenizer, so the
   ids a replica samples from are the ids recorded.

@@ -161,15 +161,21 @@ def control(root: Path, name: str) -> dict[str, Any]:
     return _read_json(Path(root) / name / CONTROL) or {"pinned": None, "rollback": None}
 
 
-def to_serve(root: Path, name: str) -> int:
-    """What serves `name` on a (re)start, the one rule for every serving side (the gateway's guard,
-    a restarted Ray engine replica): the pinned version, else the newest promoted, else the base
-    (0). Never a rejected, superseded or undecided version."""
+def serve_order(root: Path, name: str) -> list[int]:
+    """What may serve `name`, best first, the one rule for every serving side (the gateway's guard,
+    a restarted Ray engine replica): the pinned version (the admin's choice, whatever its verdict),
+    then the promoted ones newest first, then the base (0); never a rejected, superseded or
+    undecided version unless pinned. A side that cannot load one serves the next."""
     pinned = control(root, name).get("pinned")
-    if pinned is not None:
-        return int(pinned)
-    promoted = [v for v in published(root, name) if (verdict(root, name, v) or {}).get("status") == "promoted"]
-    return max(promoted, default=0)
+    head = [int(pinned)] if pinned is not None else []
+    promoted = sorted((v for v in published(root, name) if (verdict(root, name, v) or {}).get("status") == "promoted"),
+                      reverse=True)
+    return head + [v for v in promoted if v not in head] + ([0] if 0 not in head else [])
+
+
+def to_serve(root: Path, name: str) -> int:
+    """What serves `name` on a (re)start when it loads (`serve_order`'s first)."""
+    return serve_order(root, name)[0]
 
 
 def set_control(root: Path, name: str, **changes: Any) -> dict[str, Any]:

@@ -33,7 +33,7 @@ class Frontend:
         engine calls this with the tokenizer and model it loaded."""
         self.tokenizer, self.chat, self.max_context = tokenizer, ChatFormat(tokenizer), max_context
         eos = [tokenizer.eos_token_id, eos_token_id]
-        self.eos_ids = frozenset(i for e in eos for i in (e if isinstance(e, list) else [e]) if i is not None)
+        self.eos_ids = frozenset(i for e in eos for i in (e if isinstance(e, (list, tuple)) else [e]) if i is not None)
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         return self.chat.render(messages, tools)

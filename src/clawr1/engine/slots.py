@@ -16,6 +16,7 @@ import torch
 
 # Imported with the engine, not on the first swap (where it cost the scheduler thread 0.6-4 s).
 from peft import PeftModel
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from clawr1.core.types import AdapterError
@@ -98,9 +99,14 @@ class AdapterSlots:
     @staticmethod
     def read(path: Path) -> Read:
         """What a copy into a spare slot needs from disk: the adapter's shape signature and tensors
-        (None, None for an adapter no slot can take by copy). Safe on any thread."""
-        signature = _signature(path)
-        return signature, load_file(path / "adapter_model.safetensors") if signature is not None else None
+        (None, None for an adapter no slot can take by copy). Safe on any thread. Files that do not
+        parse (a truncated or overwritten version) are an `AdapterError`, like any adapter that
+        does not load."""
+        try:
+            signature = _signature(path)
+            return signature, load_file(path / "adapter_model.safetensors") if signature is not None else None
+        except (SafetensorError, ValueError) as exc:  # (json's decode error is a ValueError)
+            raise AdapterError(f"adapter at {path} does not parse: {exc}") from exc
 
     def _copy_into(self, slot: str, path: Path, state: dict[str, torch.Tensor] | None) -> None:
         if state is None:

@@ -89,14 +89,12 @@ class Guard:
         rollback = control.get("rollback")
         if rollback and rollback.get("id") != line.rollback_id:
             line.rollback_id = rollback["id"]
-            await self._rollback(line, int(rollback["to"]), rollback.get("by", "admin"))
+            await self._rollback(line, control)
         pinned = control.get("pinned")
         if pinned != line.pinned:
             line.pinned = pinned
-            target = await asyncio.to_thread(store.to_serve, self.root, line.name)
-            if target != line.served:
-                await self._serve(line, target, "pinned" if pinned is not None else "unpinned",
-                                  f"admin pinned v{pinned}" if pinned is not None else "admin unpinned")
+            await self._serve_first(line, "pinned" if pinned is not None else "unpinned",
+                                    f"admin pinned v{pinned}" if pinned is not None else "admin unpinned")
         newest = await asyncio.to_thread(store.newest, self.root, line.name)
         if newest is None or newest[0] <= line.decided:
             return
@@ -109,19 +107,30 @@ class Guard:
             return
         await (self.judge if self.judging else self.admit)(line, *newest, serve=pinned is None)
 
-    async def _rollback(self, line: Line, to: int, by: str = "admin") -> None:
-        """Serve `to` again; versions promoted after it no longer count as promoted, and `to` does
-        (even if it was rejected: the admin chose it), so a restart serves it too. The trainer
-        restores `to` itself (it reads the same `CONTROL`)."""
-        for version in await asyncio.to_thread(store.published, self.root, line.name):
-            verdict = await asyncio.to_thread(store.verdict, self.root, line.name, version)
-            if version > to and verdict and verdict["status"] == "promoted":
-                await asyncio.to_thread(store.decide, self.root, line.name, version, "superseded",
-                                        f"rolled back to v{to} by the {by}", verdict["scores"])
-            elif version == to and (verdict or {}).get("status") != "promoted":
-                await asyncio.to_thread(store.decide, self.root, line.name, version, "promoted",
-                                        f"rolled back to by the {by}", (verdict or {}).get("scores", {}))
+    async def _rollback(self, line: Line, control: dict[str, Any]) -> None:
+        """Serve the rollback's target again, the verdicts as `_supersede` leaves them. The trainer
+        restores it itself (it reads the same `CONTROL`)."""
+        to, by = int(control["rollback"]["to"]), control["rollback"].get("by", "admin")
+        await asyncio.to_thread(self._supersede, line.name, control)
         await self._serve(line, to, "rolled_back", f"{by} rollback to v{to}")
+
+    def _supersede(self, name: str, control: dict[str, Any]) -> None:
+        """The verdicts after the rollback in `control`: versions promoted after its target and
+        trained before it was applied (their marker names another rollback) no longer count as
+        promoted, and the target does (even if it was rejected: the admin chose it), so a restart
+        serves it too. Idempotent: a restart repeats it for a rollback asked while no guard ran."""
+        request = control["rollback"]
+        to, by = int(request["to"]), request.get("by", "admin")
+        for version in store.published(self.root, name):
+            verdict = store.verdict(self.root, name, version)
+            path = store.version_dir(self.root, name, version)
+            if version > to and verdict and verdict["status"] == "promoted" \
+                    and store.read_marker(path).get("rollback") != request["id"]:
+                store.decide(self.root, name, version, "superseded", f"rolled back to v{to} by the {by}",
+                             verdict["scores"])
+            elif version == to and (verdict or {}).get("status") != "promoted":
+                store.decide(self.root, name, version, "promoted", f"the {by} rolled back to it",
+                             (verdict or {}).get("scores", {}))
 
     # ---- judging a candidate -------------------------------------------------------------
     async def judge(self, line: Line, version: int, path: Path, serve: bool = True) -> None:
@@ -283,14 +292,31 @@ class Guard:
 
     async def _restore(self, line: Line) -> None:
         """After a restart: serve the pinned version, else the newest promoted; versions published
-        before (no verdict, older than the newest decided) are not judged again."""
+        before (no verdict, older than the newest decided) are not judged again. A rollback asked
+        while no guard ran gets its verdicts now (`_supersede`)."""
         control = await asyncio.to_thread(store.control, self.root, line.name)
+        if control.get("rollback"):
+            await asyncio.to_thread(self._supersede, line.name, control)
         line.rollback_id = (control.get("rollback") or {}).get("id")
         line.pinned = control.get("pinned")
         line.decided = max(await asyncio.to_thread(self._decided, line.name), default=0)
-        target = await asyncio.to_thread(store.to_serve, self.root, line.name)  # a pin to the base (0) too
-        if target:
-            await self._serve(line, target, None, "restored")
+        await self._serve_first(line, None, "restored")
+
+    async def _serve_first(self, line: Line, status: str | None, reason: str) -> None:
+        """Serve the first of `store.serve_order` that loads (nothing to do when it serves already).
+        A promoted version that does not load is rejected, so no serving side tries it again; a
+        pinned one is skipped, with an error in the log, while the pin stands."""
+        for version in await asyncio.to_thread(store.serve_order, self.root, line.name):
+            if version == line.served:
+                return
+            try:
+                await self._serve(line, version, status, reason)
+                return
+            except EngineError as exc:
+                log.error("guard: %s v%d does not load: %s", line.name, version, exc)
+                if version != line.pinned:
+                    await asyncio.to_thread(self._record, line.name, version, "rejected", f"did not load: {exc}", {})
+                    self.decisions["rejected"] += 1
 
     # ---- helpers -------------------------------------------------------------------------
     def _line(self, name: str) -> Line:

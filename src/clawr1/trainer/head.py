@@ -6,9 +6,10 @@ over the vocabulary (49k rows for SmolLM2, 152k for Qwen). What the trainer need
 logits is a few numbers per position: the sampled token's logprob, the entropy, the KL to the base
 model (whose hidden states come from the same weights with the adapter off), for full-vocabulary
 OPD the KL to the hint-informed teacher (hidden states of the same reply with the hint in the
-context) and, for the stop term, the logprob of ending the reply there. `head_stats` computes them
-in chunks of positions in the forward pass and keeps only its inputs; the backward pass recomputes
-each chunk's logits and returns the gradient for the hidden states (and the head, when it trains). Peak memory is a few [chunk x V] float32 tensors whatever the batch.
+context) and, for the stop term, the logprob of ending the reply there (any end-of-turn id).
+`head_stats` computes them in chunks of positions in the forward pass and keeps only its inputs;
+the backward pass recomputes each chunk's logits and returns the gradient for the hidden states
+(and the head, when it trains). Peak memory is a few [chunk x V] float32 tensors whatever the batch.
 
 Gradients, per position, with p = softmax(z / T), l = log p, q the reference, t the target:
   d l_t / dz = (onehot_t - p) / T
@@ -42,8 +43,9 @@ def head_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
     `hidden` [n, H] and `weight` [V, H] (the LM head) give the logits, divided by the sampling
     temperature (`inv_temperature` [n] = 1 / T). `reference` and `teacher` [n, H]: other models'
     hidden states at the same positions (no gradient: the base model, the hinted teacher), under
-    their own heads (default: `weight`); either absent gives zeros for its KL. `stop` [n]: a second
-    token per position (the end-of-turn id: the stop decision); absent, zeros. Differentiable in
+    their own heads (default: `weight`); either absent gives zeros for its KL. `stop` [m]: the ids
+    that end a reply (the model's end-of-turn ids): the last output is the log of their summed
+    probability at each position, the chance of stopping there; absent, zeros. Differentiable in
     `hidden` and `weight`."""
     empty = hidden.new_zeros((0, hidden.shape[-1]))
 
@@ -57,13 +59,17 @@ def head_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
 
 @torch.no_grad()
 def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                  inv_temperature: torch.Tensor) -> torch.Tensor:
-    """[n] logprobs of `targets`, chunked, without autograd (teachers, probes)."""
-    out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+                  inv_temperature: torch.Tensor, stop: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """[[n] logprobs of `targets`] and, with `stop` (end-of-turn ids [m]), [n] the logprobs of
+    stopping (as `head_stats`), chunked, without autograd (teachers, probes)."""
+    outs = [torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+            for _ in range(1 if stop is None else 2)]
     for s in chunks(hidden.shape[0], weight.shape[0]):
         logp = torch.log_softmax(F.linear(hidden[s], weight).float() * inv_temperature[s, None].float(), -1)
-        out[s] = logp.gather(-1, targets[s, None]).squeeze(-1)
-    return out
+        outs[0][s] = logp.gather(-1, targets[s, None]).squeeze(-1)
+        if stop is not None:
+            outs[1][s] = torch.logsumexp(logp[:, stop], -1)
+    return outs
 
 
 def _chunk(hidden: torch.Tensor, weight: torch.Tensor, inv_t: torch.Tensor) -> torch.Tensor:
@@ -85,13 +91,13 @@ class _HeadStats(torch.autograd.Function):
             p = logp.exp()
             logp_t[s] = logp.gather(-1, targets[s, None]).squeeze(-1)
             if stop.shape[0]:
-                logp_stop[s] = logp.gather(-1, stop[s, None]).squeeze(-1)
+                logp_stop[s] = torch.logsumexp(logp[:, stop], -1)
             entropy[s] = -(p * logp).sum(-1)
             for (h, w), kl in zip(others, (kl_ref, kl_teacher)):
                 if h.shape[0]:
                     kl[s] = (p * (logp - _chunk(h[s], w, inv_t[s]))).sum(-1)
         ctx.save_for_backward(hidden, weight, targets, inv_t, reference, ref_weight, teacher, teacher_weight,
-                              stop, entropy, kl_ref, kl_teacher)
+                              stop, entropy, kl_ref, kl_teacher, logp_stop)
         ctx.set_materialize_grads(False)  # an output the loss does not use gets None: its term is skipped
         return logp_t, entropy, kl_ref, kl_teacher, logp_stop
 
@@ -99,7 +105,7 @@ class _HeadStats(torch.autograd.Function):
     def backward(ctx: Any, g_logp: torch.Tensor, g_entropy: torch.Tensor, g_ref: torch.Tensor,
                  g_teacher: torch.Tensor, g_stop: torch.Tensor) -> tuple[Any, ...]:
         (hidden, weight, targets, inv_t, reference, ref_weight, teacher, teacher_weight,
-         stop, entropy, kl_ref, kl_teacher) = ctx.saved_tensors
+         stop, entropy, kl_ref, kl_teacher, logp_stop) = ctx.saved_tensors
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         # A KL term counts when the loss used it and its other model's logits can be recomputed.
         kls = [(h, w, kl, g) for h, w, kl, g in ((reference, ref_weight, kl_ref, g_ref),
@@ -111,10 +117,12 @@ class _HeadStats(torch.autograd.Function):
             logp = _chunk(hidden[s], weight, inv_t[s])
             p = logp.exp()
             dz = torch.zeros_like(logp)
-            for ids, g in ((targets, g_logp), (stop, g_stop if stop.shape[0] else None)):
-                if g is not None:  # a picked token's term: (onehot - p) * g
-                    dz -= p * g[s, None]
-                    dz.scatter_add_(-1, ids[s, None], g[s, None])
+            if g_logp is not None:  # the target's term: (onehot - p) * g
+                dz -= p * g_logp[s, None]
+                dz.scatter_add_(-1, targets[s, None], g_logp[s, None])
+            if g_stop is not None and stop.shape[0]:  # log sum_S p: (p / p_S on S, 0 elsewhere - p) * g
+                dz -= p * g_stop[s, None]
+                dz.index_add_(1, stop, (logp[:, stop] - logp_stop[s, None]).exp() * g_stop[s, None])
             if g_entropy is not None:
                 dz -= p * (logp + entropy[s, None]) * g_entropy[s, None]
             for h, w, kl, g in kls:

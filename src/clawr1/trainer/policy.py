@@ -109,8 +109,10 @@ class Policy:
             self._master_weights()
         self.model.train()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        # The token a reply ends with (an instruct tokenizer's end-of-turn): the stop decision's id.
-        self.stop_id = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.pad_id
+        # The ids a reply ends with (the tokenizer's and the generation config's, as the engines
+        # stop on them): the stop term's decision is ending at all, whichever of them.
+        ends = [self.tokenizer.eos_token_id, getattr(base.generation_config, "eos_token_id", None)]
+        self.stop_ids = sorted({i for e in ends for i in (e if isinstance(e, (list, tuple)) else [e]) if i is not None})
 
     def _master_weights(self) -> None:
         """LoRA tensors in float32 whatever the base's dtype: AdamW's small updates would round
@@ -188,10 +190,8 @@ class Policy:
                 ref, ref_head = self.hidden(rows)[where], self.head
         rows = rows.to(self.device)
         inv_t = (1.0 / rows.temperature)[:, None].expand(where.shape)[where]
-        targets = rows.targets[where]
-        outs = head_stats(hidden, self.head, targets, inv_t, ref, ref_head,
-                          None if teacher is None else teacher[where], teacher_head,
-                          torch.full_like(targets, self.stop_id) if stop else None)
+        outs = head_stats(hidden, self.head, rows.targets[where], inv_t, ref, ref_head,
+                          None if teacher is None else teacher[where], teacher_head, self._stop_ids() if stop else None)
         return tuple(torch.zeros(where.shape, device=self.device).masked_scatter(where, o) for o in outs)
 
     @torch.no_grad()
@@ -202,7 +202,7 @@ class Policy:
 
     @torch.no_grad()
     def logprobs_and_stop(self, rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
-        """`logprobs`, and [B, K] the logprobs of ending the reply (`stop_id`) at the same
+        """`logprobs`, and [B, K] the logprobs of ending the reply (any of `stop_ids`) at the same
         positions, from one forward (the OPD teacher with the stop term)."""
         picked, stop = self._picked(rows, stop=True)
         return picked, stop
@@ -212,11 +212,14 @@ class Policy:
         hidden = self.hidden(rows)[where]
         rows = rows.to(self.device)
         inv_t = (1.0 / rows.temperature)[:, None].expand(where.shape)[where]
-        targets = rows.targets[where]
-        outs = [head_logprobs(hidden, self.head, targets, inv_t)]
-        if stop:
-            outs.append(head_logprobs(hidden, self.head, torch.full_like(targets, self.stop_id), inv_t))
+        outs = head_logprobs(hidden, self.head, rows.targets[where], inv_t, self._stop_ids() if stop else None)
         return [torch.zeros(where.shape, device=self.device).masked_scatter(where, out) for out in outs]
+
+    def _stop_ids(self) -> torch.Tensor:
+        if not self.stop_ids:
+            raise ValueError("trainer.stop_coef: this model names no end-of-turn token (tokenizer eos_token_id, "
+                             "generation_config eos_token_id)")
+        return torch.tensor(self.stop_ids, dtype=torch.long, device=self.device)
 
     def distributions(self, rows: Rows) -> torch.Tensor:
         """[B, K, V] log-probabilities over the vocabulary at each reply position, unchunked: the
