@@ -324,10 +324,15 @@ def test_a_per_sample_average_weighs_every_reply_alike(tiny_model_dir, tmp_path,
                     logprobs=generations[0][1].logprobs[:3])
     samples = [TrainSample(short, 1.0), TrainSample(step_of(1, *generations[1]), -1.0)]
     assert len(samples[1].step.token_ids) == 12
-    weighted = per_sample(samples, "sample")
-    assert [s.weight for s in weighted] == pytest.approx([7.5 / 3, 7.5 / 12])
-    assert per_sample(samples, "token") == samples
     config = TrainerConfig(method="rl", loss_average="sample")
+    weighted = per_sample(samples, config)
+    assert [s.weight for s in weighted] == pytest.approx([7.5 / 3, 7.5 / 12])
+    assert per_sample(samples, TrainerConfig(method="rl")) == samples
+    # A sample without a signal trains nothing and does not move the mean; an empty reply keeps its weight.
+    idle = TrainSample(replace(step_of(2, *generations[2]), step_id="idle"), None)
+    empty = TrainSample(replace(step_of(3, *generations[3]), step_id="empty", token_ids=[], logprobs=[]), 1.0)
+    assert [s.weight for s in per_sample([*samples, idle, empty], config)][:2] == pytest.approx([7.5 / 3, 7.5 / 12])
+    assert per_sample([*samples, idle, empty], config)[3].weight == 1.0
     m = prepare(trained(tiny_model_dir, tmp_path / "p", samples, 0).policy, weighted, config, torch.tensor([1.0, -1.0]))
     per_token = (m.advantage * m.mask).sum(dim=1) / m.mask.sum(dim=1)
     assert per_token.tolist() == pytest.approx([7.5 / 3, -7.5 / 12])
@@ -338,7 +343,7 @@ def test_a_per_sample_average_weighs_every_reply_alike(tiny_model_dir, tmp_path,
         trainer = trained(tiny_model_dir, tmp_path / average, samples, 0, f'trainer.loss_average="{average}"',
                           "trainer.warmup_steps=0", "trainer.kl_coef=0")
         before = trainer.sequence_logprob(short.prompt_ids, short.token_ids)
-        trainer.train_step(per_sample(samples, average))
+        trainer.train_step(per_sample(samples, trainer.tc))
         gains[average] = trainer.sequence_logprob(short.prompt_ids, short.token_ids) - before
     assert gains["sample"] > gains["token"] > 0, gains
 

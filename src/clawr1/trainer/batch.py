@@ -40,15 +40,22 @@ class TrainSample:
     relabelled: bool = False  # a row `relabelled` made: no lease of its own, behaviour = the learner's
 
 
-def per_sample(samples: list[TrainSample], average: str) -> list[TrainSample]:
-    """`trainer.loss_average = "sample"`: each sample's weight times the lease's mean reply length
-    over its own, so the token mean the loss takes becomes a mean over samples (of each one's
-    token mean) at the same overall size; `token` leaves the samples as they are."""
-    lengths = [len(s.step.token_ids) for s in samples]
-    if average == "token" or not samples or not all(lengths):
+def per_sample(samples: list[TrainSample], config: TrainerConfig) -> list[TrainSample]:
+    """`trainer.loss_average = "sample"`: each sample's weight times the mean reply length of the
+    lease's samples that train (a reward for `rl`, a hint for `opd`, either for `combine`) over its
+    own, so the token mean the loss takes becomes a mean over samples (of each one's token mean) at
+    the same overall size; an empty reply has no tokens to weigh. `token` leaves them as they are."""
+    if config.loss_average == "token":
+        return samples
+
+    def trains(s: TrainSample) -> bool:
+        return (config.method != "opd" and bool(s.reward)) or (config.method != "rl" and bool(s.hint))
+
+    lengths = [len(s.step.token_ids) for s in samples if trains(s) and s.step.token_ids]
+    if not lengths:
         return samples
     mean = sum(lengths) / len(lengths)
-    return [replace(s, weight=s.weight * mean / n) for s, n in zip(samples, lengths)]
+    return [replace(s, weight=s.weight * mean / len(s.step.token_ids)) if s.step.token_ids else s for s in samples]
 
 
 def relabelled(pool: Any, samples: list[TrainSample], weight: float) -> list[TrainSample]:

@@ -280,7 +280,7 @@ class Trainer:
 
     def load(self, lease: Any) -> list[TrainSample]:
         samples = load_samples(self.pool, lease)
-        return per_sample(samples + relabelled(self.pool, samples, self.tc.relabel), self.tc.loss_average)
+        return per_sample(samples + relabelled(self.pool, samples, self.tc.relabel), self.tc)
 
     def train_step(self, samples: list[TrainSample]) -> dict[str, Any] | None:
         """Forward/backward on `samples`, adding to the gradients kept since the last optimizer step;

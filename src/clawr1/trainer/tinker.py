@@ -141,7 +141,7 @@ class TinkerTrainer:
             return None
         started = time.perf_counter()
         lease = self.pool.lease(wanted, current_version=self.weights_of)
-        samples = per_sample(load_samples(self.pool, lease), self.tc.loss_average)
+        samples = per_sample(load_samples(self.pool, lease), self.tc)
         datums, metrics = self.datums(samples)
         if not datums:  # no sample had a signal: nothing to train, nothing to lose
             self.pool.ack(lease.lease_id)
