@@ -20,6 +20,12 @@ def _model_json(model_path: Path, name: str) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+def end_of_turn_ids(*given: int | list[int] | tuple[int, ...] | None) -> frozenset[int]:
+    """The ids a reply ends on, from the tokenizer's and the generation config's `eos_token_id`
+    (each an id, a list of ids or None): what the engines stop on and the trainer's stop term sums."""
+    return frozenset(i for e in given for i in (e if isinstance(e, (list, tuple)) else [e]) if i is not None)
+
+
 class Frontend:
     def __init__(self, model_path: Path, max_context: int = 0):
         """From the model directory's tokenizer and JSON files (the weights are elsewhere)."""
@@ -32,8 +38,7 @@ class Frontend:
         end-of-turn ids (the tokenizer's, and the generation config's one or list). The local
         engine calls this with the tokenizer and model it loaded."""
         self.tokenizer, self.chat, self.max_context = tokenizer, ChatFormat(tokenizer), max_context
-        eos = [tokenizer.eos_token_id, eos_token_id]
-        self.eos_ids = frozenset(i for e in eos for i in (e if isinstance(e, (list, tuple)) else [e]) if i is not None)
+        self.eos_ids = end_of_turn_ids(tokenizer.eos_token_id, eos_token_id)
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         return self.chat.render(messages, tools)

@@ -28,6 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from clawr1.core.config import TrainerConfig
 from clawr1.core.records import POLICY
 from clawr1.engine.chat import ChatFormat
+from clawr1.engine.frontend import end_of_turn_ids
 from clawr1.trainer.head import head_logprobs, head_stats
 
 ADAPTER = POLICY  # the shared adapter's name (per tenant: `adapter_name(tenant)`)
@@ -111,8 +112,8 @@ class Policy:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         # The ids a reply ends with (the tokenizer's and the generation config's, as the engines
         # stop on them): the stop term's decision is ending at all, whichever of them.
-        ends = [self.tokenizer.eos_token_id, getattr(base.generation_config, "eos_token_id", None)]
-        self.stop_ids = sorted({i for e in ends for i in (e if isinstance(e, (list, tuple)) else [e]) if i is not None})
+        self.stop_ids = sorted(end_of_turn_ids(self.tokenizer.eos_token_id,
+                                               getattr(base.generation_config, "eos_token_id", None)))
 
     def _master_weights(self) -> None:
         """LoRA tensors in float32 whatever the base's dtype: AdamW's small updates would round
