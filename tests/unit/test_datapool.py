@@ -116,6 +116,22 @@ def test_rewards_make_samples_ready_and_the_latest_wins(pool):
     assert pool.show("b")["hints"][0]["text"] == "check the exit code first"
 
 
+def test_a_judgement_is_one_write_and_a_hinted_zero_is_ready(pool):
+    """The judge's reward, hint and readiness land in one commit: all of it or, when the worker is
+    stopped before the commit (its future cancelled in the queue), none of it."""
+    pool.append_steps([make_step("a", turn=0), make_step("b", turn=1), make_step("c", turn=2)])
+    pool.add_judgement(Reward(step_id="a", score=0.0, source="judge"), Hint(step_id="a", text="be brief", source="judge"))
+    pool.add_judgement(Reward(step_id="b", score=0.0, source="judge"), None)
+    a, b = pool.show("a"), pool.show("b")
+    assert a["sample"]["status"] == "ready" and [h["text"] for h in a["hints"]] == ["be brief"]
+    assert b["sample"]["status"] == "pending" and b["hints"] == [] and b["sample"]["reward"] == 0
+    with pytest.raises(ValueError, match="hint is for"):
+        pool.submit_judgement(Reward(step_id="a", score=1.0, source="judge"), Hint(step_id="b", text="x", source="judge"))
+    with pytest.raises(UnknownStepError):  # the reward's step is unknown: its hint is not stored either
+        pool.add_judgement(Reward(step_id="nope", score=0.0, source="judge"), Hint(step_id="nope", text="x", source="judge"))
+    assert pool.stats()["rewards"] == 2 and pool.stats()["hints"] == 1
+
+
 def test_a_bad_write_fails_alone(pool):
     pool.append_step(make_step("a"))
     good, bad = (pool.submit_reward(Reward(step_id=s, score=1.0, source="judge")) for s in ("a", "nope"))

@@ -168,3 +168,58 @@ def test_generate_after_close_fails_fast(tiny_model_dir):
 
     with pytest.raises(EngineFailure, match="closed"):
         run(go())
+
+
+@pytest.fixture
+def chunked(tiny_model_dir):
+    """An engine that prefills 16 prompt tokens per scheduler step."""
+    from clawr1.core.config import EngineConfig
+    from clawr1.engine.local import LocalEngine
+
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8, prefill_chunk=16))
+    yield engine
+    run(engine.close())
+
+
+def test_a_long_prompt_prefills_in_chunks_while_the_batch_decodes(chunked):
+    """A 10-chunk prompt joins a running stream: that stream gains a token between every two of its
+    chunks instead of stalling for the whole prompt, and both keep exact logprobs (the chunked
+    cache equals the one-pass `score`)."""
+    async def go():
+        running_prompt, long_prompt = prompt(chunked, "short"), prompt(chunked, "word " * 160)[:160]
+        running = chunked.generate(running_prompt, SamplingParams(max_tokens=200, temperature=0.9, seed=1))
+        await anext(aiter(running))
+        before = len(running._request.gen.token_ids)
+        late = chunked.generate(long_prompt, SamplingParams(max_tokens=4, temperature=0.9, seed=2))
+        await anext(aiter(late))
+        during = len(running._request.gen.token_ids) - before
+        gens = [await running.final(), await late.final()]
+        scores = [await chunked.score(p, g.token_ids, temperature=0.9) for p, g in zip((running_prompt, long_prompt), gens)]
+        return during, gens, scores
+
+    during, gens, scores = run(go())
+    assert during >= 9  # one decode step between each two of the 10 chunks
+    for gen, scored in zip(gens, scores):
+        assert len(gen.token_ids) == len(scored) > 0
+        assert max(abs(a - b) for a, b in zip(gen.logprobs, scored)) <= 1e-3
+
+
+@pytest.mark.parametrize("how", ["cancel", "close"])
+def test_a_cancel_or_close_stops_a_long_prefill_between_chunks(chunked, how):
+    """Neither a client hanging up nor shutdown waits for a long prompt's whole prefill."""
+    long_prompt = prompt(chunked, "word " * 480)[:480]
+    before = chunked.stats["prefill_tokens"]
+
+    async def go():
+        stream = chunked.generate(long_prompt, SamplingParams(max_tokens=4))
+        while chunked.stats["prefill_tokens"] == before:  # its first chunk is in
+            await asyncio.sleep(0.001)
+        if how == "cancel":
+            stream.cancel()
+        else:
+            await chunked.close()
+        return await stream.final()
+
+    gen = run(go())
+    assert gen.finish_reason == "aborted" and gen.token_ids == []
+    assert chunked.stats["prefill_tokens"] - before < len(long_prompt)

@@ -14,7 +14,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
-from clawr1.core.records import Reward, Step
+from clawr1.core.records import Hint, Reward, Step
 from clawr1.datapool.base import DataPool, PoolQueue, PoolReadModel
 
 class _RayPoolBase(DataPool):
@@ -49,6 +49,11 @@ class _RayPoolBase(DataPool):
         if not isinstance(reward, Reward):
             raise TypeError(f"expected a Reward, got {type(reward).__name__}")
         return self._track(self.actor.call.remote("add_reward", (reward,), {}))
+
+    def submit_judgement(self, reward: Reward, hint: Hint | None) -> Future[None]:
+        if not isinstance(reward, Reward):
+            raise TypeError(f"expected a Reward, got {type(reward).__name__}")
+        return self._track(self.actor.call.remote("add_judgement", (reward, hint), {}))
 
     def pending_writes(self) -> int:
         """This client's writes not yet answered by the service: those queued in it for this gateway

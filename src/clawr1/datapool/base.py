@@ -156,6 +156,17 @@ class PoolQueue(ABC):
         self.submit_reward(reward).result()
 
     @abstractmethod
+    def submit_judgement(self, reward: Reward, hint: Hint | None) -> Future[None]:
+        """Queue a judge's verdict, its reward and its hint (if any), as one write for the next
+        group commit: a zero score with a hint also makes the sample READY (distillation material
+        without a reward). All or nothing: a stop between the parts would leave a reward without
+        its hint, and a judged turn is never judged again. See `add_reward`."""
+
+    def add_judgement(self, reward: Reward, hint: Hint | None) -> None:
+        """`submit_judgement`, waiting for its commit."""
+        self.submit_judgement(reward, hint).result()
+
+    @abstractmethod
     def add_hint(self, hint: Hint) -> None:
         """Record a textual hint for a step (its sample's state is unchanged; see `mark_ready`)."""
 

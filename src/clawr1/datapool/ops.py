@@ -251,6 +251,14 @@ def add_hint(conn: sqlite3.Connection, hint: Hint) -> None:
                  (hint.step_id, hint.text, hint.source, hint.created_at))
 
 
+def add_judgement(conn: sqlite3.Connection, reward: Reward, hint: Hint | None) -> None:
+    add_reward(conn, reward)
+    if hint is not None:
+        add_hint(conn, hint)
+        if reward.score == 0:  # no reward, but a hint: still a distillation sample
+            mark_ready(conn, reward.step_id)
+
+
 def mark_ready(conn: sqlite3.Connection, step_id: str) -> bool:
     _require_step(conn, step_id)
     now = clock()

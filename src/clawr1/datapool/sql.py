@@ -116,6 +116,13 @@ class SQLPool(DataPool):
             raise TypeError(f"expected a Reward, got {type(reward).__name__}")
         return self._writer.submit(run_each, partial(ops.add_reward, reward=reward))
 
+    def submit_judgement(self, reward: Reward, hint: Hint | None) -> Future[None]:
+        if not isinstance(reward, Reward) or not (hint is None or isinstance(hint, Hint)):
+            raise TypeError(f"expected a Reward and a Hint or None, got {type(reward).__name__}, {type(hint).__name__}")
+        if hint is not None and hint.step_id != reward.step_id:
+            raise ValueError(f"the hint is for {hint.step_id}, the reward for {reward.step_id}")
+        return self._writer.submit(run_each, partial(ops.add_judgement, reward=reward, hint=hint))
+
     def add_hint(self, hint: Hint) -> None:
         self._writer.run(partial(ops.add_hint, hint=hint))
 

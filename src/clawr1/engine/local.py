@@ -3,7 +3,9 @@
 One thread owns the model. Callers on the asyncio side submit work through a command queue and
 read results from per-request asyncio queues, so the event loop never runs a forward pass.
 Each loop iteration: run queued commands (adapter loads, scores), admit waiting requests (batch-1
-prefill, then join the running batch), and decode one token for every running sequence. A
+prefill, then join the running batch), and decode one token for every running sequence. A prompt
+longer than `prefill_chunk` is prefilled a chunk per iteration, so the running streams, a cancel
+and `close()` never wait for a whole long prompt. A
 request never waits for another to finish, only for a free slot when `max_batch` are running.
 
 Adapters live in peft "slots" (engine/slots.py); a batch mixes them per row through peft's
@@ -74,6 +76,15 @@ class _Request:
         self.loop.call_soon_threadsafe(self.out.put_nowait, item)
 
 
+@dataclass(eq=False)
+class _Prefill:
+    """A request being admitted: its cache so far and how many prompt tokens it holds."""
+
+    request: _Request
+    cache: DynamicCache
+    done: int = 0
+
+
 class LocalStream(QueuedStream):
     """Async iterator over a request's TokenEvents (the scheduler thread feeds it); `final()`
     returns the Generation."""
@@ -103,6 +114,7 @@ class LocalEngine(Frontend):
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
         self._waiting: collections.deque[_Request] = collections.deque()
         self._running: list[_Request] = []
+        self._prefill: _Prefill | None = None  # the request being admitted, chunk by chunk
         self._batch = KVBatch(self._base.device)
         self._pending = 0  # submitted but not yet finished, for backpressure
         self._seeds = random.Random()
@@ -243,7 +255,7 @@ class LocalEngine(Frontend):
     def _run(self) -> None:
         with torch.inference_mode():
             while not self._closed:
-                self._drain(block=not (self._running or self._waiting))
+                self._drain(block=not (self._running or self._waiting or self._prefill))
                 try:
                     if self._weights_pending is not None and not self._running:
                         self._apply_weights()
@@ -257,7 +269,8 @@ class LocalEngine(Frontend):
                     self._running, self._batch = [], KVBatch(self._base.device)
                 self._collect_retired()
         self._drain(block=False)  # requests submitted just before close still get an answer
-        for request in self._running + list(self._waiting):
+        prefilling = [self._prefill.request] if self._prefill else []
+        for request in self._running + prefilling + list(self._waiting):
             request.cancelled = True
             self._finish(request, "aborted")
         if self._weights_pending is not None:  # its callers are answered too, never left waiting
@@ -284,33 +297,53 @@ class LocalEngine(Frontend):
         return self._slots.model(use_cache=True, **kwargs)
 
     def _admit(self) -> None:
-        while self._waiting and len(self._running) < self.config.max_batch:
-            if self._weights_pending is not None:
+        while (self._prefill or self._waiting) and len(self._running) < self.config.max_batch and not self._closed:
+            if self._weights_pending is not None and self._prefill is None:
                 return  # draining: new weights go in once the running batch has finished on the old
             if self._running:  # between two prefills, a queued command (an adapter swap) waits one prefill, not all
                 self._drain(block=False)
-                if not self._waiting:
+                if not (self._prefill or self._waiting):
                     break
-            request = self._waiting.popleft()
-            if request.cancelled:
-                self._finish(request, "aborted")
-                continue
-            if request.key == BASE:  # it is sampled by the weights of now, whatever it was queued under
-                request.gen.version = self._weights_version
-            ids = torch.tensor([request.prompt_ids], device=self._base.device)
-            cache = DynamicCache()
-            try:
-                out = self._forward([request.key], input_ids=ids, cache=cache, logits_to_keep=1,
-                                    position_ids=torch.arange(ids.shape[1], device=ids.device)[None])
-            except Exception as exc:  # e.g. out of memory on a long prompt: fail this request only
-                log.exception("prefill of %d tokens failed", ids.shape[1])
-                self._settle(request, EngineFailure(f"prefill failed: {type(exc).__name__}: {exc}"))
-                continue
-            self.stats["prefill_tokens"] += ids.shape[1]
-            self._batch.add(cache, ids.shape[1])
-            self._running.append(request)
-            self._accept(request, out.logits[0, -1].float())
+            if self._prefill is None:
+                request = self._waiting.popleft()
+                if request.cancelled:
+                    self._finish(request, "aborted")
+                    continue
+                if request.key == BASE:  # it is sampled by the weights of now, whatever it was queued under
+                    request.gen.version = self._weights_version
+                self._prefill = _Prefill(request, DynamicCache())
+            if not self._prefill_chunk():
+                break  # a long prompt: the running batch decodes one token before its next chunk
         self._drop_finished()
+
+    def _prefill_chunk(self) -> bool:
+        """Prefill the next `prefill_chunk` tokens of the request being admitted; True once it is
+        done with (joined the batch, failed, or cancelled), False while chunks remain. Chunks bound
+        what one long prompt costs the streams already running, a cancel, and `close()`."""
+        prefill, request = self._prefill, self._prefill.request
+        if request.cancelled:
+            self._prefill = None
+            self._finish(request, "aborted")
+            return True
+        start, end = prefill.done, min(prefill.done + self.config.prefill_chunk, len(request.prompt_ids))
+        ids = torch.tensor([request.prompt_ids[start:end]], device=self._base.device)
+        try:
+            out = self._forward([request.key], input_ids=ids, cache=prefill.cache, logits_to_keep=1,
+                                position_ids=torch.arange(start, end, device=ids.device)[None])
+        except Exception as exc:  # e.g. out of memory on a long prompt: fail this request only
+            log.exception("prefill of %d tokens failed", len(request.prompt_ids))
+            self._prefill = None
+            self._settle(request, EngineFailure(f"prefill failed: {type(exc).__name__}: {exc}"))
+            return True
+        self.stats["prefill_tokens"] += end - start
+        prefill.done = end
+        if end < len(request.prompt_ids):
+            return False
+        self._prefill = None
+        self._batch.add(prefill.cache, end)
+        self._running.append(request)
+        self._accept(request, out.logits[0, -1].float())
+        return True
 
     def _step(self) -> None:
         mask, positions = self._batch.step_inputs()

@@ -94,15 +94,14 @@ class RewardWorker:
     async def store(self, step_id: str, j: Judgement) -> None:
         evidence = json.dumps({"evidence": j.evidence, "raw": j.raw, "hint_raw": j.hint_raw,
                                "hint_reason": j.hint_reason}, ensure_ascii=False)
-        await asyncio.wrap_future(self.pool.submit_reward(Reward(step_id=step_id, score=float(j.score),
-                                                                 source=j.source, votes=[float(v) for v in j.votes],
-                                                                 evidence=evidence)))
+        reward = Reward(step_id=step_id, score=float(j.score), source=j.source, votes=[float(v) for v in j.votes],
+                        evidence=evidence)
+        hint = Hint(step_id=step_id, text=j.hint, source=j.source) if j.hint else None
+        # One write: a stop between a reward and its hint would lose the hint for good.
+        await asyncio.wrap_future(self.pool.submit_judgement(reward, hint))
         self.counts[f"score_{j.score:+d}"] += 1
         self.outcomes[j.score, j.source] += 1
         if j.hint:
-            await asyncio.to_thread(self.pool.add_hint, Hint(step_id=step_id, text=j.hint, source=j.source))
             self.counts["hints"] += 1
-            if j.score == 0:  # no reward, but a hint: still a distillation sample
-                await asyncio.to_thread(self.pool.mark_ready, step_id)
         elif self.want_hint:
             self.counts[f"no_hint_{j.hint_reason}"] += 1

@@ -53,6 +53,11 @@ class EngineConfig(_Section):
     max_batch: int = Field(8, ge=1, le=512)
     """Most sequences decoded together in one continuous batch; more requests wait in a queue."""
 
+    prefill_chunk: int = Field(512, ge=16, le=1_048_576)
+    """Local engine: prompt tokens prefilled per scheduler step. A longer prompt is prefilled in
+    chunks with one decode step of the running batch between two, so it never stalls their streams
+    (or a cancel, or shutdown) for its whole length: 8k tokens take minutes on one CPU thread."""
+
     max_context: int = Field(0, ge=0, le=1_048_576)
     """Context window in tokens (prompt + completion); 0 = the model's own."""
 
