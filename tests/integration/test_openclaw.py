@@ -86,8 +86,10 @@ def test_openclaw_conversation_lands_in_one_session_in_order(real_data_dir, tmp_
     base = f"http://127.0.0.1:{port}"
     data_dir = tmp_path / "data"
     model = model_cache_dir(real_data_dir) / EMBEDDED_MODEL  # converted once for the integration tests
-    up = subprocess.Popen([sys.executable, "-m", "clawr1.cli.main", "up", "--model", str(model), "--data-dir",
-                           str(data_dir), "--port", str(port)], stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "up.log"  # a file, not a pipe: nobody reads a pipe mid-test, and a full one blocks `up`
+    with open(log, "w") as err:
+        up = subprocess.Popen([sys.executable, "-m", "clawr1.cli.main", "up", "--model", str(model), "--data-dir",
+                               str(data_dir), "--port", str(port)], stderr=err, text=True)
     try:
         wait_for(lambda: healthy(base), timeout=180, what="clawr1 up to serve")
         lean = json.loads(clawr1("openclaw-config", "--model", str(model), "--data-dir", str(data_dir), "--port",
@@ -140,5 +142,5 @@ def test_openclaw_conversation_lands_in_one_session_in_order(real_data_dir, tmp_
         assert healthy(base)
     finally:
         interrupt(up)
-    assert up.returncode == 0, up.stderr.read()[-3000:]
+    assert up.returncode == 0, log.read_text()[-3000:]
 

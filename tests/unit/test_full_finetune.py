@@ -123,3 +123,32 @@ def test_full_finetuning_refuses_what_cannot_work():
         load_config(None, ['trainer.finetune="full"', "tenants.adapter_per_tenant=true"])
     with pytest.raises(ValueError, match="vLLM"):
         load_config(None, ['trainer.finetune="full"', 'engine.backend="vllm"', 'engine.url="http://x"'])
+
+
+def test_a_weights_load_waits_for_a_chunked_prefill_in_progress(tiny_model_dir, tmp_path):
+    """A prompt half prefilled on the old weights finishes on them: the load waits for it, as it
+    waits for the running batch (a swap between two chunks would mix two models in one cache)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.mul_(0.9)
+    path = store.publish_weights(model, tmp_path / "weights", "policy", 1)
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, prefill_chunk=16))
+
+    async def go():
+        long_prompt = engine.render([{"role": "user", "content": "word " * 480}])[:480]
+        greedy = SamplingParams(max_tokens=3, temperature=0)
+        reference = await engine.generate(long_prompt, greedy).final()
+        before = engine.stats["prefill_tokens"]
+        stream = engine.generate(long_prompt, greedy)
+        while engine.stats["prefill_tokens"] == before:  # its first chunk is in
+            await asyncio.sleep(0.001)
+        swap = asyncio.ensure_future(engine.load_weights(path))
+        gen = await stream.final()
+        assert await swap == 1 and engine.weights_version() == 1
+        assert gen.version == 0 and gen.token_ids == reference.token_ids
+        assert gen.logprobs == pytest.approx(reference.logprobs, abs=1e-4)
+        await engine.close()
+    run(go())

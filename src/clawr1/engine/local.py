@@ -5,8 +5,9 @@ read results from per-request asyncio queues, so the event loop never runs a for
 Each loop iteration: run queued commands (adapter loads, scores), admit waiting requests (batch-1
 prefill, then join the running batch), and decode one token for every running sequence. A prompt
 longer than `prefill_chunk` is prefilled a chunk per iteration, so the running streams, a cancel
-and `close()` never wait for a whole long prompt. A
-request never waits for another to finish, only for a free slot when `max_batch` are running.
+and `close()` never wait for a whole long prompt (nor does a weights load cut one in two: it waits
+for it). A request never waits for another to finish, only for a free slot when `max_batch` are
+running.
 
 Adapters live in peft "slots" (engine/slots.py); a batch mixes them per row through peft's
 `adapter_names` (`__base__` = adapter disabled). A swap puts the new version into a slot beside
@@ -257,7 +258,7 @@ class LocalEngine(Frontend):
             while not self._closed:
                 self._drain(block=not (self._running or self._waiting or self._prefill))
                 try:
-                    if self._weights_pending is not None and not self._running:
+                    if self._weights_pending is not None and not self._running and self._prefill is None:
                         self._apply_weights()
                     self._admit()
                     if self._running:
