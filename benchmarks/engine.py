@@ -166,6 +166,8 @@ async def _prefill_phase(engine: LocalEngine, prompts: list[list[int]]) -> dict[
         times: list[float] = []
         following = asyncio.create_task(_follow(stream, times))
         while len(times) < 4:  # decoding
+            if following.done():
+                raise RuntimeError("the background stream ended before the long prompt came: rerun")
             await asyncio.sleep(0.005)
         start = time.perf_counter()
         late = engine.generate(long_prompt, SamplingParams(max_tokens=1, temperature=0))
@@ -175,6 +177,8 @@ async def _prefill_phase(engine: LocalEngine, prompts: list[list[int]]) -> dict[
         await asyncio.sleep(0.5)  # a few tokens after it, so the stall's end is seen
         stream.cancel()
         await following
+        if not any(t > first for t in times[:-1]):  # the last time is its end, not a token
+            raise RuntimeError("the background stream ended during the long prefill: its gap is not the stall")
         window = [t for t in times if t >= start - 1.0]
         r[f"prefill_{name}_ttft_s"] = first - start
         r[f"prefill_{name}_stall_s"] = max(b - a for a, b in itertools.pairwise(window))

@@ -127,7 +127,8 @@ def test_full_finetuning_refuses_what_cannot_work():
 
 def test_a_weights_load_waits_for_a_chunked_prefill_in_progress(tiny_model_dir, tmp_path):
     """A prompt half prefilled on the old weights finishes on them: the load waits for it, as it
-    waits for the running batch (a swap between two chunks would mix two models in one cache)."""
+    waits for the running batch (a swap between two chunks would mix two models in one cache).
+    Its one token ends it at once, and it is not decoded again while the load waits."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
@@ -139,16 +140,19 @@ def test_a_weights_load_waits_for_a_chunked_prefill_in_progress(tiny_model_dir, 
 
     async def go():
         long_prompt = engine.render([{"role": "user", "content": "word " * 480}])[:480]
-        greedy = SamplingParams(max_tokens=3, temperature=0)
+        greedy = SamplingParams(max_tokens=1, temperature=0)
         reference = await engine.generate(long_prompt, greedy).final()
         before = engine.stats["prefill_tokens"]
         stream = engine.generate(long_prompt, greedy)
         while engine.stats["prefill_tokens"] == before:  # its first chunk is in
             await asyncio.sleep(0.001)
+        queued = engine.generate(long_prompt[:8], greedy)  # waits behind it, then for the load
+        await asyncio.sleep(0.01)
         swap = asyncio.ensure_future(engine.load_weights(path))
         gen = await stream.final()
         assert await swap == 1 and engine.weights_version() == 1
-        assert gen.version == 0 and gen.token_ids == reference.token_ids
+        assert (await queued.final()).version == 1
+        assert gen.version == 0 and gen.token_ids == reference.token_ids and len(gen.token_ids) == 1
         assert gen.logprobs == pytest.approx(reference.logprobs, abs=1e-4)
         await engine.close()
     run(go())

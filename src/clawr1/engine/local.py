@@ -300,7 +300,7 @@ class LocalEngine(Frontend):
     def _admit(self) -> None:
         while (self._prefill or self._waiting) and len(self._running) < self.config.max_batch and not self._closed:
             if self._weights_pending is not None and self._prefill is None:
-                return  # draining: new weights go in once the running batch has finished on the old
+                break  # draining: new weights go in once the running batch has finished on the old
             if self._running:  # between two prefills, a queued command (an adapter swap) waits one prefill, not all
                 self._drain(block=False)
                 if not (self._prefill or self._waiting):
@@ -341,8 +341,8 @@ class LocalEngine(Frontend):
         if end < len(request.prompt_ids):
             return False
         self._prefill = None
+        self._running.append(request)  # first: a join that fails (out of memory) fails it with the batch
         self._batch.add(prefill.cache, end)
-        self._running.append(request)
         self._accept(request, out.logits[0, -1].float())
         return True
 
