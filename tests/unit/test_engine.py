@@ -172,11 +172,12 @@ def test_generate_after_close_fails_fast(tiny_model_dir):
 
 @pytest.fixture
 def chunked(tiny_model_dir):
-    """An engine that prefills 16 prompt tokens per scheduler step."""
+    """An engine that prefills 16 prompt tokens per scheduler step (and caches no prefix, so every
+    prompt is prefilled whole)."""
     from clawr1.core.config import EngineConfig
     from clawr1.engine.local import LocalEngine
 
-    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8, prefill_chunk=16))
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8, prefill_chunk=16, prefix_cache_mb=0))
     yield engine
     run(engine.close())
 

@@ -136,7 +136,7 @@ def test_a_weights_load_waits_for_a_chunked_prefill_in_progress(tiny_model_dir, 
         for param in model.parameters():
             param.mul_(0.9)
     path = store.publish_weights(model, tmp_path / "weights", "policy", 1)
-    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, prefill_chunk=16))
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, prefill_chunk=16, prefix_cache_mb=0))
 
     async def go():
         long_prompt = engine.render([{"role": "user", "content": "word " * 480}])[:480]

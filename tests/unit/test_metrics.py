@@ -69,6 +69,10 @@ def test_metrics_count_requests_tokens_latency_and_queues(engine, tmp_path):
             m, "clawr1_request_duration_seconds_sum", route="/{session_id}/{prompt_id}" + CHAT)
         assert value(m, "clawr1_prompt_tokens_total") == sum(u["prompt_tokens"] for u in usages)
         assert value(m, "clawr1_completion_tokens_total") == sum(u["completion_tokens"] for u in usages)
+        # Every prompt token was either run or taken from the prefix cache (the chat template's shared start).
+        assert value(m, "clawr1_engine_prefix_cached_tokens_total") > 0
+        assert value(m, "clawr1_engine_prefill_tokens_total") + value(
+            m, "clawr1_engine_prefix_cached_tokens_total") == sum(u["prompt_tokens"] for u in usages)
         finished = sum(value(m, "clawr1_generations_total", finish_reason=r) or 0 for r in ("stop", "length"))
         assert finished == 3
         assert value(m, "clawr1_pool_ready_samples") == 1  # the turn the feedback rewarded

@@ -7,7 +7,8 @@ prefill, then join the running batch), and decode one token for every running se
 longer than `prefill_chunk` is prefilled a chunk per iteration, so the running streams, a cancel
 and `close()` never wait for a whole long prompt (nor does a weights load cut one in two: it waits
 for it). A request never waits for another to finish, only for a free slot when `max_batch` are
-running.
+running. A prompt that extends a recent one under the same weights starts from its cached KV
+(engine/prefix.py) and prefills only the rest.
 
 Adapters live in peft "slots" (engine/slots.py); a batch mixes them per row through peft's
 `adapter_names` (`__base__` = adapter disabled). A swap puts the new version into a slot beside
@@ -48,6 +49,7 @@ from clawr1.core.types import (
 from clawr1.engine import adapters as store
 from clawr1.engine.batch import KVBatch, sample
 from clawr1.engine.frontend import Frontend
+from clawr1.engine.prefix import PrefixCache
 from clawr1.engine.queued import QueuedStream
 from clawr1.engine.slots import AdapterSlots, Read
 from clawr1.engine.text import Advance
@@ -117,6 +119,7 @@ class LocalEngine(Frontend):
         self._running: list[_Request] = []
         self._prefill: _Prefill | None = None  # the request being admitted, chunk by chunk
         self._batch = KVBatch(self._base.device)
+        self._prefix = PrefixCache(config.prefix_cache_mb * 2**20)
         self._pending = 0  # submitted but not yet finished, for backpressure
         self._seeds = random.Random()
         self._weights_version = 0
@@ -312,7 +315,9 @@ class LocalEngine(Frontend):
                     continue
                 if request.key == BASE:  # it is sampled by the weights of now, whatever it was queued under
                     request.gen.version = self._weights_version
-                self._prefill = _Prefill(request, DynamicCache())
+                cached, cache = self._prefix.lookup(request.key, request.prompt_ids)
+                self.stats["prefix_cached_tokens"] += cached
+                self._prefill = _Prefill(request, cache or DynamicCache(), done=cached)
             if not self._prefill_chunk():
                 break  # a long prompt: the running batch decodes one token before its next chunk
         self._drop_finished()
@@ -341,6 +346,7 @@ class LocalEngine(Frontend):
         if end < len(request.prompt_ids):
             return False
         self._prefill = None
+        self._prefix.store(request.key, request.prompt_ids, prefill.cache)
         self._running.append(request)  # first: a join that fails (out of memory) fails it with the batch
         self._batch.add(prefill.cache, end)
         self._accept(request, out.logits[0, -1].float())
@@ -418,6 +424,7 @@ class LocalEngine(Frontend):
         if self._slots.peft is not None:
             raise AdapterError("LoRA adapters are loaded: full weights would change the base under them")
         missing, unexpected = self._base.load_state_dict(state, strict=False)
+        self._prefix.drop()  # the base changed (even if only partly, before the error below)
         tied = {"lm_head.weight"} if getattr(self._base.config, "tie_word_embeddings", False) else set()
         if unexpected or set(missing) - tied:
             raise AdapterError(f"the weights do not fit this model (missing {sorted(set(missing) - tied)[:3]}, "
@@ -439,6 +446,7 @@ class LocalEngine(Frontend):
         if current and current[1] == version:
             return
         key = self._slots.load(path, read)
+        self._prefix.drop(key)  # KV computed by the slot's earlier occupant
         with self._lock:
             self._adapters[name] = (key, version)
         self.stats["adapter_swaps"] += 1
@@ -446,6 +454,7 @@ class LocalEngine(Frontend):
             self._retire(current[0])
 
     def _retire(self, key: str) -> None:
+        self._prefix.drop(key)
         self._retired.add(key)
         self._collect_retired()
 

@@ -121,6 +121,13 @@ class _Levels(Collector):
                                 "(0: the base model)", value=gw.served_version())
         yield CounterMetricFamily("clawr1_policy_swaps", "Published policy versions loaded and swapped in",
                                   value=len(gw.swaps))
+        counts = getattr(gw.engine, "stats", None)  # the local engine's own counters (a remote one has its own)
+        if isinstance(counts, collections.Counter):
+            yield CounterMetricFamily("clawr1_engine_prefill_tokens", "Prompt tokens the local engine ran through "
+                                      "the model", value=counts["prefill_tokens"])
+            yield CounterMetricFamily("clawr1_engine_prefix_cached_tokens", "Prompt tokens the local engine took "
+                                      "from its prefix cache instead (an agent's resent conversation)",
+                                      value=counts["prefix_cached_tokens"])
         yield CounterMetricFamily("clawr1_policy_swap_load_seconds", "Time spent loading swapped-in versions",
                                   value=sum(swap[-1] for swap in gw.swaps))
         outcomes: collections.Counter[tuple[int, str]] = collections.Counter()

@@ -1,0 +1,90 @@
+"""The local engine's prefix cache: the KV of recent prompts, reused by prompts that extend them.
+
+An agent resends its whole conversation every turn (OpenClaw's system prompt alone is ~2.7k tokens
+of SmolLM2's), so without this each turn re-prefills what the turn before already computed: about
+45 s a turn on 2 CPU cores. An entry is one prompt's KV, filed under the weights that computed it
+(a peft slot, or the base): the engine drops a slot's entries whenever that slot's weights change,
+so a reused KV is always the served version's own and the sampled tokens' logprobs stay exact.
+vLLM's automatic prefix caching does this by hashed blocks; a few whole prompts under a byte budget
+(least recently used out first) are enough for one CPU engine.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+
+@dataclass(eq=False)
+class _Entry:
+    key: int
+    owner: str
+    ids: torch.Tensor  # the prompt's token ids, [T]
+    layers: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), [1, H, T, D]; never written
+    nbytes: int
+
+
+class PrefixCache:
+    """Whole-prompt KV entries under a byte budget, matched by longest common prefix."""
+
+    def __init__(self, budget_bytes: int):
+        self.budget = budget_bytes
+        self.nbytes = 0
+        self._entries: collections.OrderedDict[int, _Entry] = collections.OrderedDict()  # oldest use first
+        self._serial = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, owner: str, prompt_ids: list[int]) -> tuple[int, DynamicCache | None]:
+        """The longest cached prefix of `prompt_ids` computed under `owner`, as (length, a cache holding
+        it). At most all but the last token: the last one must be run to give the first token's logits."""
+        if not self._entries or len(prompt_ids) < 2:
+            return 0, None
+        prompt = torch.tensor(prompt_ids[:-1])
+        best, best_len = None, 0
+        for entry in self._entries.values():
+            if entry.owner != owner:
+                continue
+            n = min(len(prompt), len(entry.ids))
+            differ = (entry.ids[:n] != prompt[:n]).nonzero()
+            common = int(differ[0]) if len(differ) else n
+            if common > best_len:
+                best, best_len = entry, common
+        if best is None:
+            return 0, None
+        self._entries.move_to_end(best.key)
+        # Views, not copies: the cache's first update concatenates into new tensors (DynamicLayer.update).
+        return best_len, DynamicCache(ddp_cache_data=[(k[:, :, :best_len], v[:, :, :best_len]) for k, v in best.layers])
+
+    def store(self, owner: str, prompt_ids: list[int], cache: DynamicCache) -> None:
+        """File a finished prefill's KV. An entry whose prompt this one extends is dropped: every prompt it
+        could serve, the new one serves as far or further (a conversation keeps one entry, its latest)."""
+        if self.budget <= 0:
+            return
+        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
+        if nbytes > self.budget:
+            return
+        ids = torch.tensor(prompt_ids)
+        for key, entry in list(self._entries.items()):
+            if entry.owner == owner and len(entry.ids) <= len(ids) and torch.equal(entry.ids, ids[:len(entry.ids)]):
+                self._remove(key)
+        while self.nbytes + nbytes > self.budget:
+            self._remove(next(iter(self._entries)))
+        entry = _Entry(next(self._serial), owner, ids, layers, nbytes)
+        self._entries[entry.key] = entry
+        self.nbytes += nbytes
+
+    def drop(self, owner: str | None = None) -> None:
+        """Forget the entries computed under `owner` (every entry when None): its weights changed."""
+        for key, entry in list(self._entries.items()):
+            if owner is None or entry.owner == owner:
+                self._remove(key)
+
+    def _remove(self, key: int) -> None:
+        self.nbytes -= self._entries.pop(key).nbytes
