@@ -39,6 +39,7 @@ def ask(content: str, **extra) -> dict:
 
 def test_metrics_count_requests_tokens_latency_and_queues(engine, tmp_path):
     with live_gateway(engine, tmp_path) as (base, pool), httpx.Client(base_url=base, timeout=60) as client:
+        before = scrape(client.get("/metrics").text)  # the engine is the session's: its counters carry earlier tests'
         usages, first_id = [], None
         for i in range(2):
             reply = client.post(CHAT, json=ask(f"hello {i}"), headers={"X-Session-Id": f"private-session-{i}"})
@@ -70,9 +71,10 @@ def test_metrics_count_requests_tokens_latency_and_queues(engine, tmp_path):
         assert value(m, "clawr1_prompt_tokens_total") == sum(u["prompt_tokens"] for u in usages)
         assert value(m, "clawr1_completion_tokens_total") == sum(u["completion_tokens"] for u in usages)
         # Every prompt token was either run or taken from the prefix cache (the chat template's shared start).
-        assert value(m, "clawr1_engine_prefix_cached_tokens_total") > 0
-        assert value(m, "clawr1_engine_prefill_tokens_total") + value(
-            m, "clawr1_engine_prefix_cached_tokens_total") == sum(u["prompt_tokens"] for u in usages)
+        cached, prefilled = ("clawr1_engine_prefix_cached_tokens_total", "clawr1_engine_prefill_tokens_total")
+        assert value(m, cached) > value(before, cached)
+        assert value(m, prefilled) - value(before, prefilled) + value(m, cached) - value(before, cached) == sum(
+            u["prompt_tokens"] for u in usages)
         finished = sum(value(m, "clawr1_generations_total", finish_reason=r) or 0 for r in ("stop", "length"))
         assert finished == 3
         assert value(m, "clawr1_pool_ready_samples") == 1  # the turn the feedback rewarded
@@ -83,8 +85,9 @@ def test_metrics_count_requests_tokens_latency_and_queues(engine, tmp_path):
         # Labels are route templates: no session id or path as sent becomes a series.
         assert "private-session" not in page.text and "secret-path-session" not in page.text
         assert "no/such/route" not in page.text
-        # A scrape counts itself once it has answered.
-        assert value(scrape(client.get("/metrics").text), "clawr1_requests_total", route="/metrics", status="200") == 1
+        # A scrape counts itself once it has answered: the one before the requests, then `page`.
+        assert value(m, "clawr1_requests_total", route="/metrics", status="200") == 1
+        assert value(scrape(client.get("/metrics").text), "clawr1_requests_total", route="/metrics", status="200") == 2
 
 
 def test_metrics_need_the_admin_key_when_one_is_set(engine, tmp_path):

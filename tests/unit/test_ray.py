@@ -117,8 +117,11 @@ def test_two_replicas_route_around_a_killed_one_and_it_comes_back_current(cluste
         for thread in threads:
             thread.join(timeout=60)
         current = max(int(v.name[1:]) for v in (data / "adapters" / "policy").glob("v*") if (v / "STABLE").exists())
-        back = json.loads(driver(cluster, 'print(json.dumps(ray.get(ray.get_actor("clawr1-engine-0").ready.remote(), '
-                                          'timeout=120)))'))
+        # Ray answers "restarting" at once rather than waiting: ask again until it is back (2 minutes at most).
+        back = json.loads(driver(cluster, 'import time\nfor attempt in range(120):\n    try:\n'
+                                          '        ready = ray.get(ray.get_actor("clawr1-engine-0").ready.remote(), timeout=120)\n'
+                                          '        break\n    except ray.exceptions.ActorUnavailableError:\n'
+                                          '        time.sleep(1)\nprint(json.dumps(ready))'))
         # Sent after the kill: routed around it, nothing failed. Around it: at most the few the dead
         # replica was sampling fail (a 502, stored `aborted`: two replicas' tokens are never spliced).
         after = [status for at, status, _ in answered if at >= killed_at]
