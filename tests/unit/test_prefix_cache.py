@@ -40,6 +40,8 @@ def test_a_longer_prompt_supersedes_its_prefix_and_the_budget_evicts_the_least_r
     cache.store("a", [1, 2, 3], kv(3))
     cache.store("a", [1, 2, 3, 4, 5], kv(5))  # the same conversation, one turn on: one entry left
     assert len(cache) == 1 and cache.nbytes == 5 * 128
+    cache.store("a", [1, 2, 3, 4], kv(4))  # the entry on file already extends it: not filed twice
+    assert len(cache) == 1 and cache.nbytes == 5 * 128
     cache.store("a", [8, 8, 8, 8], kv(4))
     cache.lookup("a", [1, 2, 3, 4, 5, 6])  # used: now the most recent
     cache.store("a", [9, 9, 9], kv(3))  # 12 tokens > 10: the least recently used ([8, ...]) goes
@@ -47,6 +49,8 @@ def test_a_longer_prompt_supersedes_its_prefix_and_the_budget_evicts_the_least_r
     assert cache.nbytes == 8 * 128
     cache.store("a", list(range(100, 111)), kv(11))  # bigger than the whole budget: not kept, nothing evicted
     assert len(cache) == 2
+    cache.resize(128 * 6)  # a smaller budget: the least recently used ([9, 9, 9]) leaves
+    assert cache.lookup("a", [9, 9, 9, 9])[0] == 0 and cache.nbytes == 5 * 128
     cache.drop("a")
     assert len(cache) == 0 and cache.nbytes == 0
 
@@ -133,3 +137,29 @@ def test_new_full_weights_drop_every_cached_prefix(tiny_model_dir, tmp_path):
     cached, gen, scored = run(go())
     assert gen.version == 1 and cached == 0
     assert max(abs(a - b) for a, b in zip(gen.logprobs, scored)) <= 1e-3
+
+
+def test_a_failing_lookup_fails_its_request_only(tiny_model_dir):
+    """The lookup copies a prefix, which can run out of memory on a GPU: that request gets an
+    EngineFailure and the stream already running goes on."""
+    from clawr1.core.types import EngineFailure
+
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1))
+    first, second = _turns(engine)
+
+    def no_memory(owner, prompt_ids):
+        raise torch.OutOfMemoryError("simulated")
+
+    async def go():
+        running = engine.generate(first, SamplingParams(max_tokens=40, temperature=1.0, seed=1))
+        await anext(aiter(running))
+        engine._prefix.lookup = no_memory
+        failed = engine.generate(second, SamplingParams(max_tokens=4))
+        with pytest.raises(EngineFailure, match="OutOfMemoryError"):
+            await failed.final()
+        gen = await running.final()
+        await engine.close()
+        return gen
+
+    gen = run(go())
+    assert gen.finish_reason in ("stop", "length") and len(gen.token_ids) > 1

@@ -167,7 +167,14 @@ def test_gradients_accumulate_across_leases_into_one_version(tiny_model_dir, tmp
         assert torch.allclose(weight.grad, accumulated[name], rtol=1e-3, atol=1e-6), name
 
 
-def test_a_version_steps_when_its_time_is_up_with_nothing_more_ready(tiny_model_dir, tmp_path, generations):
+def test_a_version_steps_when_its_time_is_up_with_nothing_more_ready(tiny_model_dir, tmp_path, generations,
+                                                                   monkeypatch):
+    import time
+
+    from clawr1.trainer import loop
+
+    now = [time.time()]  # the trainer's clock stands still until the test moves it (a slow step is not late)
+    monkeypatch.setattr(loop, "clock", lambda: now[0])
     config = config_for(tiny_model_dir, tmp_path, 'trainer.method="rl"', "trainer.min_samples=3",
                         "trainer.max_wait_s=0.2")
     with SQLitePool(tmp_path, config.pool) as pool:
@@ -175,9 +182,7 @@ def test_a_version_steps_when_its_time_is_up_with_nothing_more_ready(tiny_model_
         add(pool, generations, 0)
         assert trainer.train_step(trainer.load(pool.lease(trainer.ready()))) is None
         assert trainer.ready() == 0
-        import time
-
-        time.sleep(0.25)
+        now[0] += 0.25
         wanted = trainer.ready()
         assert wanted == 2  # due: lease whatever is READY (nothing), then step
         metrics = trainer.train_step(trainer.load(pool.lease(wanted)))

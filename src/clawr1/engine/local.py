@@ -84,7 +84,7 @@ class _Prefill:
     """A request being admitted: its cache so far and how many prompt tokens it holds."""
 
     request: _Request
-    cache: DynamicCache
+    cache: DynamicCache | None  # None until its first chunk looks up the prefix cache
     done: int = 0
 
 
@@ -315,9 +315,7 @@ class LocalEngine(Frontend):
                     continue
                 if request.key == BASE:  # it is sampled by the weights of now, whatever it was queued under
                     request.gen.version = self._weights_version
-                cached, cache = self._prefix.lookup(request.key, request.prompt_ids)
-                self.stats["prefix_cached_tokens"] += cached
-                self._prefill = _Prefill(request, cache or DynamicCache(), done=cached)
+                self._prefill = _Prefill(request, None)
             if not self._prefill_chunk():
                 break  # a long prompt: the running batch decodes one token before its next chunk
         self._drop_finished()
@@ -331,9 +329,14 @@ class LocalEngine(Frontend):
             self._prefill = None
             self._finish(request, "aborted")
             return True
-        start, end = prefill.done, min(prefill.done + self.config.prefill_chunk, len(request.prompt_ids))
-        ids = torch.tensor([request.prompt_ids[start:end]], device=self._base.device)
         try:
+            if prefill.cache is None:  # its first chunk: start from the longest cached prefix, if any
+                self._prefix.resize(self.config.prefix_cache_mb << 20)  # read live, as `prefill_chunk` is
+                prefill.done, cache = self._prefix.lookup(request.key, request.prompt_ids)
+                prefill.cache = cache or DynamicCache()
+                self.stats["prefix_cached_tokens"] += prefill.done
+            start, end = prefill.done, min(prefill.done + self.config.prefill_chunk, len(request.prompt_ids))
+            ids = torch.tensor([request.prompt_ids[start:end]], device=self._base.device)
             out = self._forward([request.key], input_ids=ids, cache=prefill.cache, logits_to_keep=1,
                                 position_ids=torch.arange(start, end, device=ids.device)[None])
         except Exception as exc:  # e.g. out of memory on a long prompt: fail this request only
@@ -346,8 +349,9 @@ class LocalEngine(Frontend):
         if end < len(request.prompt_ids):
             return False
         self._prefill = None
-        self._prefix.store(request.key, request.prompt_ids, prefill.cache)
-        self._running.append(request)  # first: a join that fails (out of memory) fails it with the batch
+        self._running.append(request)  # first: a join or store that fails (out of memory) fails it with the batch
+        if request.key not in self._retired:  # a retired slot's KV would never be looked up again
+            self._prefix.store(request.key, request.prompt_ids, prefill.cache)  # before the batch takes the cache
         self._batch.add(prefill.cache, end)
         self._accept(request, out.logits[0, -1].float())
         return True
@@ -423,8 +427,8 @@ class LocalEngine(Frontend):
     def _copy_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         if self._slots.peft is not None:
             raise AdapterError("LoRA adapters are loaded: full weights would change the base under them")
+        self._prefix.drop()  # first: a load that fails partway has changed some weights already
         missing, unexpected = self._base.load_state_dict(state, strict=False)
-        self._prefix.drop()  # the base changed (even if only partly, before the error below)
         tied = {"lm_head.weight"} if getattr(self._base.config, "tie_word_embeddings", False) else set()
         if unexpected or set(missing) - tied:
             raise AdapterError(f"the weights do not fit this model (missing {sorted(set(missing) - tied)[:3]}, "

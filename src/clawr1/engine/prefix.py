@@ -58,12 +58,13 @@ class PrefixCache:
         if best is None:
             return 0, None
         self._entries.move_to_end(best.key)
-        # Views, not copies: the cache's first update concatenates into new tensors (DynamicLayer.update).
+        # The new cache copies the prefix once (DynamicLayer.update concatenates): the entry is never written.
         return best_len, DynamicCache(ddp_cache_data=[(k[:, :, :best_len], v[:, :, :best_len]) for k, v in best.layers])
 
     def store(self, owner: str, prompt_ids: list[int], cache: DynamicCache) -> None:
         """File a finished prefill's KV. An entry whose prompt this one extends is dropped: every prompt it
-        could serve, the new one serves as far or further (a conversation keeps one entry, its latest)."""
+        could serve, the new one serves as far or further (a conversation keeps one entry, its latest);
+        for the same reason nothing is filed when an entry already extends this prompt."""
         if self.budget <= 0:
             return
         layers = [(layer.keys, layer.values) for layer in cache.layers]
@@ -72,13 +73,26 @@ class PrefixCache:
             return
         ids = torch.tensor(prompt_ids)
         for key, entry in list(self._entries.items()):
-            if entry.owner == owner and len(entry.ids) <= len(ids) and torch.equal(entry.ids, ids[:len(entry.ids)]):
-                self._remove(key)
+            if entry.owner != owner:
+                continue
+            n = min(len(entry.ids), len(ids))
+            if not torch.equal(entry.ids[:n], ids[:n]):
+                continue
+            if len(entry.ids) >= len(ids):  # one on file already extends this prompt: it serves it as far
+                self._entries.move_to_end(key)
+                return
+            self._remove(key)
         while self.nbytes + nbytes > self.budget:
             self._remove(next(iter(self._entries)))
         entry = _Entry(next(self._serial), owner, ids, layers, nbytes)
         self._entries[entry.key] = entry
         self.nbytes += nbytes
+
+    def resize(self, budget_bytes: int) -> None:
+        """A new byte budget (0 = off): the least recently used entries leave until the rest fit."""
+        self.budget = budget_bytes
+        while self.nbytes > max(self.budget, 0):
+            self._remove(next(iter(self._entries)))
 
     def drop(self, owner: str | None = None) -> None:
         """Forget the entries computed under `owner` (every entry when None): its weights changed."""

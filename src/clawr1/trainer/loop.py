@@ -133,7 +133,7 @@ class Trainer:
         self.pool.expire_leases()  # a crashed trainer's lease returns its samples here
         count, oldest = self.pool.ready_state(self.tenant)
         if self.tc.min_samples is None:
-            due = count >= self.tc.batch_size or (count > 0 and time.time() - oldest >= self.tc.max_wait_s)
+            due = count >= self.tc.batch_size or (count > 0 and clock() - oldest >= self.tc.max_wait_s)
             return self.tc.batch_size if due else 0
         acc = self.accumulated
         if count == 0 and (acc is None or not version_due(acc, self.tc, self.config.pool.lease_seconds)):
@@ -295,7 +295,7 @@ class Trainer:
         if samples:
             if self.accumulated is None:
                 self.optimizer.zero_grad(set_to_none=True)
-                self.accumulated = Accumulated(opened=time.time())
+                self.accumulated = Accumulated(opened=clock())
             acc = self.accumulated
             rl, self.reward_baseline = rl_advantages(samples, self.tc, self.reward_baseline)  # batch-wide
             mine = self.ranks.share([len(s.step.prompt_ids) + len(s.step.token_ids) for s in samples])
@@ -490,7 +490,7 @@ class Accumulated:
     """A version in the making: the samples whose gradients the adapter's `.grad` holds since the
     last optimizer step, and their metrics so far."""
 
-    opened: float  # time.time() of its first samples: `max_wait_s` counts from here
+    opened: float  # clock() at its first samples: `max_wait_s` counts from here
     samples: list[TrainSample] = field(default_factory=list)
     counts: dict[str, float] = field(default_factory=dict)  # `prepare`'s counts, summed
     sums: dict[str, float] = field(default_factory=dict)  # the loss's metrics times training tokens, summed
@@ -537,7 +537,7 @@ class Accumulated:
                 "hint_rate": sum(1 for s in self.samples if s.hint) / max(self.leased, 1),
                 "prepare_s": self.prepare_s, "train_s": self.train_s,
                 "tokens_per_s": self.tokens / max(self.prepare_s + self.train_s, 1e-9),
-                "lease_ids": lease_ids, "leases": len(lease_ids), "accumulated_s": time.time() - self.opened}
+                "lease_ids": lease_ids, "leases": len(lease_ids), "accumulated_s": clock() - self.opened}
 
 
 def micro_batches(samples: list[TrainSample], budget: int, max_rows: int) -> list[list[int]]:
@@ -558,13 +558,19 @@ def micro_batches(samples: list[TrainSample], budget: int, max_rows: int) -> lis
     return out
 
 
+def clock() -> float:
+    """The trainer's clock (wall time, as the pool's timestamps), read through this one name so that a
+    test moves time by replacing it instead of sleeping past `max_wait_s`."""
+    return time.time()
+
+
 def version_due(acc: Accumulated, config: TrainerConfig, lease_seconds: float, now: float | None = None) -> bool:
     """Whether the accumulated version steps now: always without `min_samples`; with it, once it
     has `min_samples` samples, or has been open `max_wait_s`, or half the lease time (its first
     lease must not expire, and its samples come back to be trained twice, while it waits)."""
     if config.min_samples is None:
         return True
-    age = (time.time() if now is None else now) - acc.opened
+    age = (clock() if now is None else now) - acc.opened
     enough = min(config.min_samples, config.batch_size)  # a smaller --batch-size caps the default 8
     return acc.leased >= enough or age >= config.max_wait_s or age >= lease_seconds / 2
 
