@@ -48,11 +48,7 @@ class PrefixCache:
         prompt = torch.tensor(prompt_ids[:-1])
         best, best_len = None, 0
         for entry in self._entries.values():
-            if entry.owner != owner:
-                continue
-            n = min(len(prompt), len(entry.ids))
-            differ = (entry.ids[:n] != prompt[:n]).nonzero()
-            common = int(differ[0]) if len(differ) else n
+            common = _common(entry.ids, prompt) if entry.owner == owner else 0
             if common > best_len:
                 best, best_len = entry, common
         if best is None:
@@ -73,11 +69,8 @@ class PrefixCache:
             return
         ids = torch.tensor(prompt_ids)
         for key, entry in list(self._entries.items()):
-            if entry.owner != owner:
-                continue
-            n = min(len(entry.ids), len(ids))
-            if not torch.equal(entry.ids[:n], ids[:n]):
-                continue
+            if entry.owner != owner or _common(entry.ids, ids) < min(len(entry.ids), len(ids)):
+                continue  # neither prompt is a prefix of the other
             if len(entry.ids) >= len(ids):  # one on file already extends this prompt: it serves it as far
                 self._entries.move_to_end(key)
                 return
@@ -102,3 +95,10 @@ class PrefixCache:
 
     def _remove(self, key: int) -> None:
         self.nbytes -= self._entries.pop(key).nbytes
+
+
+def _common(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Length of the common prefix of two token-id vectors."""
+    n = min(len(a), len(b))
+    differ = (a[:n] != b[:n]).nonzero()
+    return int(differ[0]) if len(differ) else n
