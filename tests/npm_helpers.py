@@ -5,6 +5,7 @@ install fails the test (the registry is one this project's machines reach)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -25,14 +26,18 @@ def npm_install(name: str, *packages: str, node: Path | None = None, timeout: fl
     folder = CACHE / name
     marker = folder / ".clawr1-installed"
     spec = " ".join(packages)
-    if marker.is_file() and marker.read_text() == spec:
-        return folder
     folder.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PATH": f"{node}{os.pathsep}{os.environ['PATH']}"} if node else None
-    done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(folder), *packages],
-                          capture_output=True, text=True, timeout=timeout, env=env)
-    assert done.returncode == 0, f"npm install {spec} failed:\n{done.stderr[-3000:]}"
-    marker.write_text(spec)
+    # One install per folder at a time: two pytest-xdist workers both need Node, and two `npm
+    # install`s into one prefix at once leave it broken.
+    with open(CACHE / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.is_file() and marker.read_text() == spec:
+            return folder
+        env = {**os.environ, "PATH": f"{node}{os.pathsep}{os.environ['PATH']}"} if node else None
+        done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(folder), *packages],
+                              check=False, capture_output=True, text=True, timeout=timeout, env=env)
+        assert done.returncode == 0, f"npm install {spec} failed:\n{done.stderr[-3000:]}"
+        marker.write_text(spec)
     return folder
 
 

