@@ -48,6 +48,78 @@ def test_logprobs_equal_score_in_a_batch_of_8(engine):
         assert engine.tokenizer.decode(gen.token_ids, skip_special_tokens=True) == gen.text
 
 
+def test_the_batch_cache_grows_in_place_and_stays_exact(engine, monkeypatch):
+    """Decode steps append into spare capacity (no copy of the whole cache a step); with 2 columns
+    of headroom the buffers move every other step while rows join and leave, and every logprob
+    still equals a one-pass `score`."""
+    from clawr1.engine import batch
+
+    monkeypatch.setattr(batch, "HEADROOM", 2)
+    moves = []
+    original = batch.GrowingLayer.__init__
+
+    def counted(self, parts, pad=0, coming=0):
+        moves.append(1)
+        original(self, parts, pad, coming)
+
+    monkeypatch.setattr(batch.GrowingLayer, "__init__", counted)
+
+    async def go():
+        prompts = [prompt(engine, "word " * (i * 5 + 1)) for i in range(4)]
+        gens = await asyncio.gather(*[generate(engine, p, max_tokens=6 + 5 * i, temperature=0.8, seed=i)
+                                      for i, p in enumerate(prompts)])
+        return prompts, gens
+
+    prompts, gens = run(go())
+    assert len(moves) > 4 * len(gens)  # re-layouts and growth both went through GrowingLayer
+    for p, gen in zip(prompts, gens):
+        scored = run(engine.score(p, gen.token_ids, temperature=0.8))
+        assert len(gen.token_ids) > 2
+        assert max(abs(a - b) for a, b in zip(gen.logprobs, scored)) <= 1e-3
+
+
+def test_a_growing_layer_never_rewrites_a_column_and_pads_with_zeros():
+    import torch
+
+    from clawr1.engine.batch import HEADROOM, GrowingLayer
+
+    a, b = torch.randn(1, 2, 3, 4), torch.randn(2, 2, 3, 4)
+    layer = GrowingLayer([(a, a + 1), (b, b + 1)], pad=2)
+    assert layer.keys.shape == (3, 2, 5, 4)
+    assert torch.equal(layer.keys[:, :, :2], torch.zeros(3, 2, 2, 4))
+    assert torch.equal(layer.keys[0, :, 2:], a[0]) and torch.equal(layer.values[1:, :, 2:], b + 1)
+    earlier = layer.keys
+    snapshot = earlier.clone()
+    for _ in range(HEADROOM + 3):  # past the headroom: the buffers move once
+        new = torch.randn(3, 2, 1, 4)
+        keys, _ = layer.update(new, new)
+        assert torch.equal(keys[:, :, -1:], new)
+    assert layer.keys.shape[-2] == 5 + HEADROOM + 3
+    assert torch.equal(earlier, snapshot)  # a view taken before kept its content
+    assert torch.equal(layer.keys[:, :, :5], snapshot)
+    many = torch.randn(3, 2, HEADROOM + 7, 4)  # more columns at once than any headroom left
+    keys, values = layer.update(many, many)
+    assert keys.shape[-2] == 5 + 2 * HEADROOM + 10 and torch.equal(keys[:, :, -many.shape[-2]:], many)
+    assert torch.equal(keys[:, :, :5], snapshot) and torch.equal(values[:, :, -many.shape[-2]:], many)
+
+
+def test_without_headroom_every_step_copies_and_stays_exact(monkeypatch):
+    """`HEADROOM = 0` (what `bench engine` compares against: a copy a step, as `DynamicLayer`)."""
+    import torch
+
+    from clawr1.engine import batch
+
+    monkeypatch.setattr(batch, "HEADROOM", 0)
+    first = torch.randn(2, 2, 3, 4)
+    layer = batch.GrowingLayer([(first, first)])
+    columns = [first]
+    for _ in range(3):
+        new = torch.randn(2, 2, 1, 4)
+        keys, _ = layer.update(new, new)
+        columns.append(new)
+        assert torch.equal(keys, torch.cat(columns, dim=-2))
+
+
 def test_greedy_is_deterministic_and_seeded_sampling_reproducible(engine):
     ids = prompt(engine)
     a = run(generate(engine, ids, max_tokens=20, temperature=0))

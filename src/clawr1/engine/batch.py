@@ -3,13 +3,66 @@
 Rows join after a batch-1 prefill (no padding inside a prompt, so no all-masked query rows and
 no NaNs) and leave the moment they finish; the cache is re-laid only when the batch changes.
 Position ids are per row (count of real tokens), so padding never shifts RoPE positions.
+
+The running batch's cache appends in place (`GrowingLayer`): transformers' `DynamicLayer`
+concatenates, so every decode step copied the whole [B, H, T, D] cache of every layer, which at an
+agent's context (a 2.6k-token prompt, 4 rows) was a fifth of the step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
+
+HEADROOM = 256  # columns allocated ahead: a cache grows (one copy) once per 256 decode steps
+
+
+class GrowingLayer(DynamicLayer):
+    """A `DynamicLayer` that writes new columns into spare capacity instead of concatenating.
+    `keys` / `values` are views of the first T columns of [B, H, capacity, D] buffers. Columns are
+    written once, in order, and never again, so a view taken earlier keeps its content."""
+
+    def __init__(self, parts: Sequence[tuple[torch.Tensor, torch.Tensor]], pad: int = 0, coming: int = 0) -> None:
+        """The rows of `parts` stacked along the batch dimension (equal lengths), `pad` zero columns
+        in front of them (left padding: zeros, never uninitialised memory, which a masked score
+        could turn into NaN), and room for `coming` columns plus the headroom."""
+        super().__init__()
+        k0, v0 = parts[0]
+        rows, length = sum(k.shape[0] for k, _ in parts), pad + k0.shape[-2]
+        self._k = k0.new_empty(rows, k0.shape[1], length + coming + HEADROOM, k0.shape[3])
+        self._v = v0.new_empty(rows, v0.shape[1], length + coming + HEADROOM, v0.shape[3])
+        self._k[:, :, :pad].zero_()
+        self._v[:, :, :pad].zero_()
+        row = 0
+        for keys, values in parts:
+            self._k[row:row + keys.shape[0], :, pad:length] = keys
+            self._v[row:row + keys.shape[0], :, pad:length] = values
+            row += keys.shape[0]
+        self.lazy_initialization(k0, v0)
+        self.keys, self.values = self._k[:, :, :length], self._v[:, :, :length]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        start = self.keys.shape[-2]
+        end = start + key_states.shape[-2]
+        if end > self._k.shape[-2]:  # out of room: move to buffers with fresh headroom (one copy)
+            grown = GrowingLayer([(self.keys, self.values)], coming=end - start)
+            self._k, self._v = grown._k, grown._v
+        self._k[:, :, start:end] = key_states
+        self._v[:, :, start:end] = value_states
+        self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+        return self.keys, self.values
+
+
+def growing(layers: Iterable[GrowingLayer]) -> DynamicCache:
+    """A `DynamicCache` (what the model's masking and attention code expect) over growing layers."""
+    cache = DynamicCache.__new__(DynamicCache)
+    Cache.__init__(cache, layers=list(layers))
+    return cache
 
 
 def rebuild(cache: DynamicCache, rows: torch.Tensor | None = None, start: int = 0, pad: int = 0) -> DynamicCache:
@@ -18,18 +71,13 @@ def rebuild(cache: DynamicCache, rows: torch.Tensor | None = None, start: int = 
     for keys, values, _ in cache:
         if rows is not None:
             keys, values = keys[rows], values[rows]
-        keys, values = keys[:, :, start:], values[:, :, start:]
-        if pad:
-            keys, values = F.pad(keys, (0, 0, pad, 0)), F.pad(values, (0, 0, pad, 0))
-        layers.append((keys, values))
-    return DynamicCache(ddp_cache_data=layers)
+        layers.append(GrowingLayer([(keys[:, :, start:], values[:, :, start:])], pad))
+    return growing(layers)
 
 
 def concat(a: DynamicCache, b: DynamicCache) -> DynamicCache:
     """Stack two caches of equal length along the batch dimension."""
-    return DynamicCache(ddp_cache_data=[
-        (torch.cat([ka, kb]), torch.cat([va, vb])) for (ka, va, _), (kb, vb, _) in zip(a, b)
-    ])
+    return growing(GrowingLayer([(ka, va), (kb, vb)]) for (ka, va, _), (kb, vb, _) in zip(a, b))
 
 
 class KVBatch:
@@ -47,8 +95,8 @@ class KVBatch:
     def add(self, cache: DynamicCache, length: int) -> None:
         """Append one prefilled sequence (cache of `length` real tokens) as the last row."""
         row_mask = torch.ones(1, length, dtype=torch.long, device=self.device)
-        if self.cache is None:
-            self.cache, self.mask = cache, row_mask
+        if self.cache is None:  # copied into growing buffers: the prefill's tensors may be in the prefix cache
+            self.cache, self.mask = rebuild(cache), row_mask
             return
         width = self.mask.shape[1]
         if length < width:
