@@ -6,7 +6,7 @@ Position ids are per row (count of real tokens), so padding never shifts RoPE po
 
 The running batch's cache appends in place (`GrowingLayer`): transformers' `DynamicLayer`
 concatenates, so every decode step copied the whole [B, H, T, D] cache of every layer, which at an
-agent's context (a 2.6k-token prompt, 4 rows) was a fifth of the step.
+agent's context (2k-token prompts, 4 rows) was a quarter of the step.
 """
 
 from __future__ import annotations
