@@ -1,6 +1,7 @@
 """The local engine's prefix cache: a next turn prefills only what is new, with exact logprobs, and a
 KV is never reused under other weights than the ones that computed it."""
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,19 @@ def test_a_longer_prompt_supersedes_its_prefix_and_the_budget_evicts_the_least_r
     assert len(cache) == 0 and cache.nbytes == 0
 
 
+def test_prompts_lists_an_owners_most_recent_first_and_whole_lookup_may_cover_the_last_token():
+    cache = PrefixCache(budget_bytes=1 << 20)
+    cache.store("a", [1, 2, 3], kv(3))
+    cache.store("b", [4, 5], kv(2))
+    cache.store("a", [7, 8], kv(2))
+    cache.lookup("a", [1, 2, 3, 9])  # used: now a's most recent
+    assert cache.prompts("a", 8) == [[1, 2, 3], [7, 8]] and cache.prompts("a", 1) == [[1, 2, 3]]
+    assert cache.prompts("c", 8) == []
+    assert cache.lookup("a", [1, 2, 3])[0] == 2 and cache.lookup("a", [1, 2, 3], whole=True)[0] == 3
+    assert cache.covers("a", [1, 2]) and cache.covers("a", [1, 2, 3]) and cache.covers("b", [4, 5])
+    assert not cache.covers("a", [1, 2, 3, 4]) and not cache.covers("a", [2]) and not cache.covers("b", [1, 2])
+
+
 def _turns(engine: LocalEngine) -> tuple[list[int], list[int]]:
     first = engine.render([{"role": "system", "content": "You are a careful assistant. " * 6},
                            {"role": "user", "content": "Name three rivers."}])
@@ -91,7 +105,7 @@ def test_a_next_turn_prefills_only_what_is_new_with_exact_logprobs(tiny_model_di
 def test_a_slot_reused_by_a_later_version_never_serves_the_earlier_versions_kv(tiny_model_dir, tmp_path):
     """v1 computes a prompt's KV in a slot; v2 retires it and v3 is copied into the same slot. A turn
     under v3 that extends the prompt must prefill it anew: its logprobs are v3's, not v1's KV's."""
-    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8))
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8, prefix_rewarm=0))
     versions = {v: make_adapter(tiny_model_dir, tmp_path, v, seed=v) for v in (1, 2, 3)}
     first, second = _turns(engine)
     sampling = SamplingParams(max_tokens=6, temperature=0.8, seed=3)
@@ -120,7 +134,7 @@ def test_new_full_weights_drop_every_cached_prefix(tiny_model_dir, tmp_path):
         for param in model.parameters():
             param.mul_(0.9)
     path = store.publish_weights(model, Path(tmp_path) / "weights", "policy", 1)
-    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1))
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, prefix_rewarm=0))
     first, second = _turns(engine)
     sampling = SamplingParams(max_tokens=6, temperature=0.8, seed=3)
 
@@ -163,3 +177,191 @@ def test_a_failing_lookup_fails_its_request_only(tiny_model_dir):
 
     gen = run(go())
     assert gen.finish_reason in ("stop", "length") and len(gen.token_ids) > 1
+
+
+async def _idle(engine: LocalEngine) -> None:
+    """Until the engine has re-warmed everything it queued (it does so only while idle)."""
+    for _ in range(6000):
+        if engine.rewarming == 0:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{engine.rewarming} re-warms still queued after 60 s")
+
+
+@pytest.mark.parametrize("rewarm", [8, 0])
+def test_after_swaps_idle_time_reprefills_the_replaced_versions_prompts_under_the_new_weights(
+        tiny_model_dir, tmp_path, rewarm):
+    """v1 serves turn 1; v2 replaces it and v3 replaces v2 at once (copied into v1's slot), before or
+    while v2 re-warms turn 1. Once idle, turn 2 under v3 starts from turn 1's KV computed by v3 (its
+    logprobs equal v3's one-pass `score`); with `prefix_rewarm = 0` it is cold."""
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8, prefill_chunk=16,
+                                                           prefix_rewarm=rewarm))
+    versions = {v: make_adapter(tiny_model_dir, tmp_path, v, seed=v) for v in (1, 2, 3)}
+    first, second = _turns(engine)
+    sampling = SamplingParams(max_tokens=6, temperature=0.8, seed=3)
+
+    async def go():
+        await engine.load_adapter("policy", versions[1])
+        await engine.generate(first, sampling, adapter="policy").final()
+        await engine.load_adapter("policy", versions[2])
+        await engine.load_adapter("policy", versions[3])
+        await _idle(engine)
+        before = dict(engine.stats)
+        gen = await engine.generate(second, sampling, adapter="policy").final()
+        scored = await engine.score(second, gen.token_ids, adapter="policy", temperature=0.8)
+        await engine.close()
+        return before, gen, scored
+
+    before, gen, scored = run(go())
+    cached = engine.stats["prefix_cached_tokens"] - before.get("prefix_cached_tokens", 0)
+    assert gen.version == 3 and cached == (len(first) if rewarm else 0)
+    assert (before.get("prefix_rewarmed_tokens", 0) >= len(first)) == bool(rewarm)
+    assert max(abs(a - b) for a, b in zip(gen.logprobs, scored)) <= 1e-3
+
+
+def test_new_full_weights_reprefill_the_cached_prompts_when_idle(tiny_model_dir, tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.mul_(0.9)
+    path = store.publish_weights(model, Path(tmp_path) / "weights", "policy", 1)
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, prefill_chunk=16))
+    first, second = _turns(engine)
+    sampling = SamplingParams(max_tokens=6, temperature=0.8, seed=3)
+
+    async def go():
+        await engine.generate(first, sampling).final()
+        assert await engine.load_weights(path) == 1
+        await _idle(engine)
+        before = engine.stats["prefix_cached_tokens"]
+        gen = await engine.generate(second, sampling).final()
+        scored = await engine.score(second, gen.token_ids, temperature=0.8)
+        await engine.close()
+        return engine.stats["prefix_cached_tokens"] - before, gen, scored
+
+    cached, gen, scored = run(go())
+    assert gen.version == 1 and cached == len(first)
+    assert max(abs(a - b) for a, b in zip(gen.logprobs, scored)) <= 1e-3
+
+
+def test_unloading_a_version_stops_the_reprefills_queued_for_it(tiny_model_dir, tmp_path):
+    """A long prompt re-warms 16 tokens a step; unloading its adapter mid-way drops the rest and
+    leaves nothing of it in the cache (a retired slot's KV is never looked up)."""
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, prefill_chunk=16))
+    versions = {v: make_adapter(tiny_model_dir, tmp_path, v, seed=v) for v in (1, 2)}
+    long = engine.render([{"role": "user", "content": "Tell me about rivers and mountains. " * 60}])
+
+    async def go():
+        await engine.load_adapter("cand", versions[1])
+        await engine.generate(long, SamplingParams(max_tokens=1), adapter="cand").final()
+        await engine.load_adapter("cand", versions[2])
+        await engine.unload_adapter("cand")
+        left = engine.rewarming
+        await engine.close()
+        return left
+
+    assert len(long) > 20 * 16
+    assert run(go()) == 0 and len(engine._prefix) == 0
+
+
+def test_a_request_is_served_before_the_reprefills_queued_ahead_of_it(tiny_model_dir, tmp_path):
+    """Re-warms use idle time only: a request arriving behind eight long ones waits for one chunk,
+    not for all of them."""
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, prefill_chunk=16))
+    versions = {v: make_adapter(tiny_model_dir, tmp_path, v, seed=v) for v in (1, 2)}
+    prompts = [engine.render([{"role": "user", "content": f"Story {i}: " + "rivers and mountains, " * 70}])
+               for i in range(8)]
+
+    async def go():
+        await engine.load_adapter("policy", versions[1])
+        for prompt in prompts:
+            await engine.generate(prompt, SamplingParams(max_tokens=1), adapter="policy").final()
+        await engine.load_adapter("policy", versions[2])
+        gen = await engine.generate(prompts[0][:8], SamplingParams(max_tokens=4), adapter="policy").final()
+        left = engine.rewarming
+        await _idle(engine)
+        slot = engine._adapters["policy"][0]
+        covered = [engine._prefix.lookup(slot, prompt, whole=True)[0] for prompt in prompts]
+        await engine.close()
+        return gen, left, covered
+
+    gen, left, covered = run(go())
+    assert gen.version == 2 and gen.finish_reason in ("stop", "length")
+    assert left > 0  # the request was answered while re-warms still waited
+    assert covered == [len(p) for p in prompts]  # and then all eight were re-warmed under v2
+
+
+def test_a_replaced_versions_half_done_rewarm_restarts_from_nothing_under_the_new_one(tiny_model_dir):
+    """Its KV so far is the old weights': the new version's re-warm of the same prompt starts empty,
+    and the old one's partial entry (a prefix of that prompt) takes no place of its own."""
+    from clawr1.engine.local import _Rewarm
+
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, prefix_rewarm=2))
+    ids = list(range(10, 40))
+
+    def on_scheduler():
+        engine._rewarm.append(_Rewarm("old", ids, cache=kv(8), done=8))
+        engine._queue_rewarm("old", "new", [ids[:8], [1, 2, 3]])
+        jobs = [(job.key, job.ids, job.cache, job.done) for job in engine._rewarm]
+        engine._rewarm.clear()  # "new" is no real slot: never run it
+        return jobs
+
+    async def go():
+        jobs = await engine._call(on_scheduler)
+        await engine.close()
+        return jobs
+
+    assert run(go()) == [("new", [1, 2, 3], None, 0), ("new", ids, None, 0)]
+
+
+def test_a_request_starting_from_a_half_done_rewarm_has_exact_logprobs(tiny_model_dir, tmp_path):
+    """One 16-token chunk of turn 1 is re-warmed under v2, then the rest is dropped: turn 2 starts
+    from those 16 tokens of v2's KV and its logprobs equal v2's one-pass `score`."""
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, prefill_chunk=16, prefix_rewarm=0))
+    versions = {v: make_adapter(tiny_model_dir, tmp_path, v, seed=v) for v in (1, 2)}
+    first, second = _turns(engine)
+    sampling = SamplingParams(max_tokens=6, temperature=0.8, seed=3)
+
+    def one_chunk():
+        engine.config = engine.config.model_copy(update={"prefix_rewarm": 8})
+        engine._queue_rewarm("v1's retired slot", engine._adapters["policy"][0], [first])
+        engine._rewarm_chunk()
+        engine._rewarm.clear()
+
+    async def go():
+        await engine.load_adapter("policy", versions[1])
+        await engine.generate(first, sampling, adapter="policy").final()
+        await engine.load_adapter("policy", versions[2])  # prefix_rewarm = 0: nothing queued
+        await engine._call(one_chunk)
+        before = engine.stats["prefix_cached_tokens"]
+        gen = await engine.generate(second, sampling, adapter="policy").final()
+        scored = await engine.score(second, gen.token_ids, adapter="policy", temperature=0.8)
+        await engine.close()
+        return engine.stats["prefix_cached_tokens"] - before, gen, scored
+
+    cached, gen, scored = run(go())
+    assert gen.version == 2 and cached == 16
+    assert max(abs(a - b) for a, b in zip(gen.logprobs, scored)) <= 1e-3
+
+
+def test_a_rewarm_whose_prompt_a_request_cached_meanwhile_ends_without_a_chunk(tiny_model_dir):
+    """The agent's next turn arrived mid-way and filed a prompt extending it: nothing is left to do."""
+    from clawr1.engine.local import _Rewarm
+
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1))
+    ids = list(range(10, 40))
+    forwards = []
+    engine._forward = lambda *args, **kwargs: forwards.append(kwargs["input_ids"].shape)
+
+    def on_scheduler():
+        engine._prefix.store("slot", ids + [7, 7], kv(len(ids) + 2))  # what the request filed
+        engine._rewarm.append(_Rewarm("slot", ids, cache=kv(8), done=8))
+        engine._rewarm_chunk()
+        return engine.rewarming, engine.stats["prefix_rewarmed_tokens"], forwards
+
+    async def go():
+        left = await engine._call(on_scheduler)
+        await engine.close()
+        return left
+
+    assert run(go()) == (0, 0, [])

@@ -8,7 +8,8 @@ longer than `prefill_chunk` is prefilled a chunk per iteration, so the running s
 and `close()` never wait for a whole long prompt (nor does a weights load cut one in two: it waits
 for it). A request never waits for another to finish, only for a free slot when `max_batch` are
 running. A prompt that extends a recent one under the same weights starts from its cached KV
-(engine/prefix.py) and prefills only the rest.
+(engine/prefix.py) and prefills only the rest; after new weights, the scheduler's idle time
+re-prefills the prompts the replaced version had cached (`engine.prefix_rewarm`).
 
 Adapters live in peft "slots" (engine/slots.py); a batch mixes them per row through peft's
 `adapter_names` (`__base__` = adapter disabled). A swap puts the new version into a slot beside
@@ -88,6 +89,16 @@ class _Prefill:
     done: int = 0
 
 
+@dataclass(eq=False)
+class _Rewarm:
+    """A prompt the replaced weights had cached, being prefilled again under `key`'s new ones."""
+
+    key: str
+    ids: list[int]
+    cache: DynamicCache | None = None  # None until its first chunk looks up the prefix cache
+    done: int = 0
+
+
 class LocalStream(QueuedStream):
     """Async iterator over a request's TokenEvents (the scheduler thread feeds it); `final()`
     returns the Generation."""
@@ -120,6 +131,7 @@ class LocalEngine(Frontend):
         self._prefill: _Prefill | None = None  # the request being admitted, chunk by chunk
         self._batch = KVBatch(self._base.device)
         self._prefix = PrefixCache(config.prefix_cache_mb * 2**20)
+        self._rewarm: collections.deque[_Rewarm] = collections.deque()  # idle-time work, oldest first
         self._pending = 0  # submitted but not yet finished, for backpressure
         self._seeds = random.Random()
         self._weights_version = 0
@@ -211,6 +223,11 @@ class LocalEngine(Frontend):
             key, _ = self._adapters.pop(name)
         await self._call(lambda: self._retire(key))
 
+    @property
+    def rewarming(self) -> int:
+        """Prompts still to re-prefill under new weights (`engine.prefix_rewarm`)."""
+        return len(self._rewarm)
+
     def adapters(self) -> dict[str, int]:
         with self._lock:
             return {name: version for name, (_, version) in self._adapters.items()}
@@ -259,13 +276,15 @@ class LocalEngine(Frontend):
     def _run(self) -> None:
         with torch.inference_mode():
             while not self._closed:
-                self._drain(block=not (self._running or self._waiting or self._prefill))
+                self._drain(block=not (self._running or self._waiting or self._prefill or self._rewarm))
                 try:
                     if self._weights_pending is not None and not self._running and self._prefill is None:
                         self._apply_weights()
                     self._admit()
                     if self._running:
                         self._step()
+                    elif self._rewarm and not (self._waiting or self._prefill or self._weights_pending):
+                        self._rewarm_chunk()  # idle: nothing waits or runs
                 except Exception as exc:  # a failed decode step fails the batch it ran, not the engine
                     log.exception("engine step failed; failing %d running requests", len(self._running))
                     for request in self._running:
@@ -356,6 +375,56 @@ class LocalEngine(Frontend):
         self._accept(request, out.logits[0, -1].float())
         return True
 
+    def _rewarm_chunk(self) -> None:
+        """Prefill the next `prefill_chunk` tokens of the oldest re-warm, and file what it holds so
+        far in the prefix cache: a request that arrives meanwhile starts from there (having waited
+        for one chunk at most). A failure (out of memory) drops that re-warm only."""
+        self._prefix.resize(self.config.prefix_cache_mb << 20)  # read live, as for a request
+        if self._prefix.budget <= 0:  # turned off: there is nowhere to file them
+            self._rewarm.clear()
+            return
+        job = self._rewarm[0]
+        if job.done and self._prefix.covers(job.key, job.ids):  # a request got there first (its next turn)
+            self._rewarm.popleft()
+            return
+        try:
+            if job.cache is None:  # its first chunk: another re-warm may have done a shared prefix
+                job.done, cache = self._prefix.lookup(job.key, job.ids, whole=True)
+                job.cache = cache or DynamicCache()
+            start, end = job.done, min(job.done + self.config.prefill_chunk, len(job.ids))
+            if start < end:
+                ids = torch.tensor([job.ids[start:end]], device=self._base.device)
+                self._forward([job.key], input_ids=ids, cache=job.cache, logits_to_keep=1,
+                              position_ids=torch.arange(start, end, device=ids.device)[None])
+                self._prefix.store(job.key, job.ids[:end], job.cache)
+        except Exception:
+            log.exception("re-prefilling a cached prompt of %d tokens failed; dropping it", len(job.ids))
+            self._rewarm.popleft()
+            return
+        self.stats["prefix_rewarmed_tokens"] += end - start
+        job.done = end
+        if end == len(job.ids):
+            self._rewarm.popleft()
+
+    def _queue_rewarm(self, old: str, new: str, prompts: list[list[int]]) -> None:
+        """Re-warm under `new` the prompts `old` had cached (`prompts`, most recent first) and those its
+        own unfinished re-warms were prefilling, at most `engine.prefix_rewarm` of them."""
+        pending = [job.ids for job in self._rewarm if job.key == old]
+        self._rewarm = collections.deque(job for job in self._rewarm if job.key != old)
+        candidates = prompts + pending
+        # A half-done re-warm's entry is a prefix of its own prompt (in `pending`): the whole one serves both.
+        wholes = [ids for ids in candidates
+                  if not any(len(other) > len(ids) and other[:len(ids)] == ids for other in candidates)]
+        queued: list[list[int]] = []
+        for ids in wholes:
+            if len(queued) < self.config.prefix_rewarm and ids not in queued:
+                queued.append(ids)
+        self._rewarm.extend(_Rewarm(new, ids) for ids in queued)
+
+    def _forget_rewarm(self, key: str) -> None:
+        """`key`'s weights are gone: its re-warms would fill the cache with KV nobody looks up."""
+        self._rewarm = collections.deque(job for job in self._rewarm if job.key != key)
+
     def _step(self) -> None:
         mask, positions = self._batch.step_inputs()
         ids = torch.tensor([[r.last_token] for r in self._running], device=self._base.device)
@@ -427,7 +496,10 @@ class LocalEngine(Frontend):
     def _copy_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         if self._slots.peft is not None:
             raise AdapterError("LoRA adapters are loaded: full weights would change the base under them")
+        # With no adapter loaded, every cached prompt and re-warm is the base's; all restart under the new weights.
+        cached = self._prefix.prompts(BASE, self.config.prefix_rewarm) + [job.ids for job in self._rewarm]
         self._prefix.drop()  # first: a load that fails partway has changed some weights already
+        self._rewarm.clear()
         missing, unexpected = self._base.load_state_dict(state, strict=False)
         tied = {"lm_head.weight"} if getattr(self._base.config, "tie_word_embeddings", False) else set()
         if unexpected or set(missing) - tied:
@@ -435,6 +507,7 @@ class LocalEngine(Frontend):
                                f"unexpected {sorted(unexpected)[:3]})")
         self._weights_version = version
         self.stats["weight_swaps"] += 1
+        self._queue_rewarm(BASE, BASE, cached)
 
     def _score(self, prompt_ids: list[int], completion_ids: list[int], key: str, temperature: float) -> list[float]:
         ids = torch.tensor([prompt_ids + completion_ids], device=self._base.device)
@@ -451,14 +524,17 @@ class LocalEngine(Frontend):
             return
         key = self._slots.load(path, read)
         self._prefix.drop(key)  # KV computed by the slot's earlier occupant
+        self._forget_rewarm(key)
         with self._lock:
             self._adapters[name] = (key, version)
         self.stats["adapter_swaps"] += 1
         if current:
+            self._queue_rewarm(current[0], key, self._prefix.prompts(current[0], self.config.prefix_rewarm))
             self._retire(current[0])
 
     def _retire(self, key: str) -> None:
         self._prefix.drop(key)
+        self._forget_rewarm(key)
         self._retired.add(key)
         self._collect_retired()
 

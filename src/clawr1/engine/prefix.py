@@ -5,6 +5,8 @@ of SmolLM2's), so without this each turn re-prefills what the turn before alread
 45 s a turn on 2 CPU cores. An entry is one prompt's KV, filed under the weights that computed it
 (a peft slot, or the base): the engine drops a slot's entries whenever that slot's weights change,
 so a reused KV is always the served version's own and the sampled tokens' logprobs stay exact.
+When the engine is idle it prefills the replaced version's most recent prompts again under the new
+weights (`engine.prefix_rewarm`), so an agent's next turn after a swap is not a cold one.
 vLLM's automatic prefix caching does this by hashed blocks; a few whole prompts under a byte budget
 (least recently used out first) are enough for one CPU engine.
 """
@@ -40,12 +42,13 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, owner: str, prompt_ids: list[int]) -> tuple[int, DynamicCache | None]:
+    def lookup(self, owner: str, prompt_ids: list[int], whole: bool = False) -> tuple[int, DynamicCache | None]:
         """The longest cached prefix of `prompt_ids` computed under `owner`, as (length, a cache holding
-        it). At most all but the last token: the last one must be run to give the first token's logits."""
-        if not self._entries or len(prompt_ids) < 2:
+        it). At most all but the last token (the last one must be run to give the first token's
+        logits) unless `whole`: a re-warm, which wants no logits, may find all of it."""
+        if not self._entries or len(prompt_ids) < (1 if whole else 2):
             return 0, None
-        prompt = torch.tensor(prompt_ids[:-1])
+        prompt = torch.tensor(prompt_ids if whole else prompt_ids[:-1])
         best, best_len = None, 0
         for entry in self._entries.values():
             common = _common(entry.ids, prompt) if entry.owner == owner else 0
@@ -80,6 +83,18 @@ class PrefixCache:
         entry = _Entry(next(self._serial), owner, ids, layers, nbytes)
         self._entries[entry.key] = entry
         self.nbytes += nbytes
+
+    def covers(self, owner: str, prompt_ids: list[int]) -> bool:
+        """Whether an entry of `owner` holds all of `prompt_ids` (ids compared, no KV copied)."""
+        prompt = torch.tensor(prompt_ids)
+        return any(entry.owner == owner and len(entry.ids) >= len(prompt) and _common(entry.ids, prompt) == len(prompt)
+                   for entry in self._entries.values())
+
+    def prompts(self, owner: str, most: int) -> list[list[int]]:
+        """The prompts of `owner`'s `most` most recently used entries, most recent first: what new
+        weights in its place re-prefill when the engine is idle."""
+        mine = [entry.ids.tolist() for entry in reversed(self._entries.values()) if entry.owner == owner]
+        return mine[:most]
 
     def resize(self, budget_bytes: int) -> None:
         """A new byte budget (0 = off): the least recently used entries leave until the rest fit."""

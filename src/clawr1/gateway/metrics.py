@@ -128,6 +128,9 @@ class _Levels(Collector):
             yield CounterMetricFamily("clawr1_engine_prefix_cached_tokens", "Prompt tokens the local engine took "
                                       "from its prefix cache instead (an agent's resent conversation)",
                                       value=counts["prefix_cached_tokens"])
+            yield CounterMetricFamily("clawr1_engine_prefix_rewarmed_tokens", "Prompt tokens the local engine "
+                                      "prefilled again in idle time under new weights (engine.prefix_rewarm)",
+                                      value=counts["prefix_rewarmed_tokens"])
         yield CounterMetricFamily("clawr1_policy_swap_load_seconds", "Time spent loading swapped-in versions",
                                   value=sum(swap[-1] for swap in gw.swaps))
         outcomes: collections.Counter[tuple[int, str]] = collections.Counter()

@@ -64,6 +64,14 @@ class EngineConfig(_Section):
     turn's ~2.7k-token prompt costs ~45 s on 2 CPU cores without it. SmolLM2-135M's KV in float32
     is 46 KB a token, so 512 MB holds ~11k prompt tokens."""
 
+    prefix_rewarm: int = Field(8, ge=0, le=4096)
+    """Local engine: after new weights replace a version (a swap, or new full weights), this many of
+    the prompts it had cached (most recent first) are prefilled again under the new weights, one
+    `prefill_chunk` at a time and only while no request waits or runs (0 = off). Every swap empties
+    the cache of the version it replaces, so without this an agent's first turn after each new
+    version re-prefills its whole conversation (20-45 s for OpenClaw on 2 CPU cores); a request
+    that arrives meanwhile waits for at most one chunk and starts from what was re-warmed so far."""
+
     max_context: int = Field(0, ge=0, le=1_048_576)
     """Context window in tokens (prompt + completion); 0 = the model's own."""
 
