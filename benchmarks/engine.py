@@ -23,7 +23,9 @@ All on the configured model, dtype, device and torch thread count, with 8 differ
    alone is ~2.7k tokens), so turn 2's prompt starts with turn 1's. We time turn 2's first token
    (a 2,048-token system prompt, a question, a reply, a follow-up) after turn 1 was served, so its
    prefix is in the engine's prefix cache, against the same-sized prompt of a conversation the engine
-   has not seen (another system prompt: nothing to reuse). Goal: at least 5x sooner.
+   has not seen (another system prompt: nothing to reuse). Goal: at least 5x sooner. Then turn 2
+   resending the model's own 64-token reply to turn 1 (greedy), with the reply's KV kept in the
+   cache beside its prompt's (ours) and without (the engine before it kept replies).
 6. Decoding at an agent's context. Four conversations with 2,048-token system prompts decode
    together (greedy, the same tokens on both sides): the batch's cache appending in place (ours)
    against copying the whole cache every step, which is what transformers' `DynamicLayer` does
@@ -244,6 +246,26 @@ async def _next_turn_phase(engine: LocalEngine) -> dict[str, Any]:
         r[f"turn2_{name}_prefilled"] = engine.stats["prefill_tokens"] - prefilled
         r[f"turn2_{name}_tokens"] = len(prompt)
     r["turn2_speedup"] = r["turn2_cold_ttft_s"] / r["turn2_cached_ttft_s"]
+    # Turn 2 resending the model's own 64-token reply: its KV kept with the prompt's, or not.
+    for name, shift, kept in (("reply_dropped", 8, False), ("reply_kept", 9, True)):
+        if not kept:
+            engine._keep_reply = lambda row, request: None  # what the engine did before replies were kept
+        try:
+            first = [{"role": "system", "content": _rotated(shift, AGENT_SYSTEM, engine)},
+                     {"role": "user", "content": PROMPTS[6]}]
+            reply = await engine.generate(engine.render(first), SamplingParams(max_tokens=64, temperature=0)).final()
+        finally:
+            engine.__dict__.pop("_keep_reply", None)
+        second = first + [{"role": "assistant", "content": reply.text},
+                          {"role": "user", "content": "Show me one more example."}]
+        prompt, prefilled = engine.render(second), engine.stats["prefill_tokens"]
+        start = time.perf_counter()
+        await engine.generate(prompt, greedy).final()
+        r[f"turn2_{name}_ttft_s"] = time.perf_counter() - start
+        r[f"turn2_{name}_prefilled"] = engine.stats["prefill_tokens"] - prefilled
+        r[f"turn2_{name}_tokens"] = len(prompt)
+        r[f"turn2_{name}_reply_tokens"] = len(reply.token_ids)
+    r["turn2_reply_speedup"] = r["turn2_reply_dropped_ttft_s"] / r["turn2_reply_kept_ttft_s"]
     return r
 
 
@@ -404,6 +426,12 @@ def _table(r: dict[str, Any]) -> Table:
                   f"{r['turn2_cached_prefilled']} prefilled)",
                   f"{r['turn2_cached_ttft_s']:.2f} s",
                   _goal(f"{r['turn2_speedup']:.1f}x sooner", r["turn2_speedup"] >= 5, ">= 5x"))
+    table.add_row(f"agent's turn 2 ({r['turn2_reply_dropped_tokens']} tokens) resending the model's "
+                  f"{r['turn2_reply_dropped_reply_tokens']}-token reply, prompt cached, reply not "
+                  f"({r['turn2_reply_dropped_prefilled']} prefilled)", f"{r['turn2_reply_dropped_ttft_s']:.2f} s",
+                  "1.00x (baseline)")
+    table.add_row(f"  ... the reply's KV kept with the prompt's ({r['turn2_reply_kept_prefilled']} prefilled)",
+                  f"{r['turn2_reply_kept_ttft_s']:.2f} s", f"{r['turn2_reply_speedup']:.1f}x sooner")
     table.add_row(f"decode, 4 conversations at {r['long_decode_context']}+ tokens, cache copied every step",
                   f"{r['long_decode_copied_tok_s']:.1f} tok/s", "1.00x (baseline)")
     table.add_row("  ... cache grown in place", f"{r['long_decode_grown_tok_s']:.1f} tok/s",

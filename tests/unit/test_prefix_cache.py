@@ -365,3 +365,36 @@ def test_a_rewarm_whose_prompt_a_request_cached_meanwhile_ends_without_a_chunk(t
         return left
 
     assert run(go()) == (0, 0, [])
+
+
+@pytest.mark.parametrize("finish", ["length", "stop"])
+def test_a_finished_reply_is_cached_with_its_prompt_so_the_next_turn_prefills_only_its_new_message(
+        tiny_model_dir, finish):
+    """The next turn resends turn 1's prompt and reply: it starts from their KV (all but the reply's
+    last token, which was sampled and never fed), computed while decoding in a batch beside another
+    request, and its logprobs equal a one-pass `score`."""
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8))
+    first, _ = _turns(engine)
+    other = engine.render([{"role": "user", "content": "Count to twenty, slowly. " * 12}])  # longer: turn 1's row is padded
+
+    prober = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, prefix_cache_mb=0))  # caches nothing here
+
+    async def go():
+        probe = await prober.generate(first, SamplingParams(max_tokens=12, temperature=0)).final()
+        await prober.close()
+        stop = engine.tokenizer.decode(probe.token_ids[5:7]) if finish == "stop" else None
+        sampling = SamplingParams(max_tokens=12, temperature=0, stop=(stop,) if stop else ())
+        beside = engine.generate(other, SamplingParams(max_tokens=30, temperature=1.0, seed=1))
+        reply = await engine.generate(first, sampling).final()
+        await beside.final()
+        second = first + reply.token_ids + engine.render([{"role": "user", "content": "Why?"}])
+        before = engine.stats["prefix_cached_tokens"]
+        gen = await engine.generate(second, SamplingParams(max_tokens=6, temperature=0.8, seed=3)).final()
+        scored = await engine.score(second, gen.token_ids, temperature=0.8)
+        await engine.close()
+        return reply, engine.stats["prefix_cached_tokens"] - before, gen, scored
+
+    reply, cached, gen, scored = run(go())
+    assert reply.finish_reason == finish and len(reply.token_ids) >= 2 and len(other) > len(first) + 12
+    assert cached == len(first) + len(reply.token_ids) - 1
+    assert max(abs(a - b) for a, b in zip(gen.logprobs, scored)) <= 1e-3

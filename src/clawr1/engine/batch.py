@@ -123,6 +123,15 @@ class KVBatch:
         self.cache = concat(self.cache, cache, pad_batch, pad_row)
         self.mask = torch.cat([F.pad(self.mask, (pad_batch, 0)), F.pad(row_mask, (pad_row, 0))])
 
+    def row(self, index: int) -> tuple[int, DynamicCache]:
+        """Row `index`'s real tokens and a copy of their KV (its padding left out): a finished
+        request's prompt and reply, for the prefix cache. A copy, not a view: a view would keep the
+        whole batch's buffers alive."""
+        n = int(self.mask[index].sum())
+        layers = [(keys[index:index + 1, :, -n:].clone(), values[index:index + 1, :, -n:].clone())
+                  for keys, values, _ in self.cache]
+        return n, DynamicCache(ddp_cache_data=layers)
+
     def step_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention mask and position ids for feeding one new token per row."""
         positions = self.mask.sum(dim=1, keepdim=True)

@@ -469,8 +469,23 @@ class LocalEngine(Frontend):
                 self._finish(request, "aborted")
         keep = [i for i, r in enumerate(self._running) if r.gen.finish_reason is None]
         if len(keep) != len(self._running):
+            for row, request in enumerate(self._running):
+                if row not in keep:
+                    self._keep_reply(row, request)
             self._batch.keep(keep)
             self._running = [self._running[i] for i in keep]
+
+    def _keep_reply(self, row: int, request: _Request) -> None:
+        """File a finished request's prompt and reply (all but the last token, never fed) in the prefix
+        cache: the agent's next turn resends both, and without this it prefilled the reply again."""
+        if request.gen.finish_reason not in ("stop", "length") or len(request.gen.token_ids) < 2 \
+                or request.key in self._retired or self._prefix.budget <= 0:
+            return
+        try:
+            n, cache = self._batch.row(row)
+            self._prefix.store(request.key, (request.prompt_ids + request.gen.token_ids)[:n], cache)
+        except Exception:  # e.g. out of memory for the copy: the reply is answered all the same
+            log.exception("keeping a finished reply's KV failed; its next turn prefills it again")
 
     def _queue_weights(self, state: dict[str, torch.Tensor], version: int, future: Future) -> None:
         """On the scheduler thread: wait for the drain, merged with a load already waiting (the
