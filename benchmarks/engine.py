@@ -192,8 +192,11 @@ async def _follow(stream: Any, times: list[float]) -> None:
 
 
 def _rotated(shift: int, tokens: int, engine: LocalEngine) -> str:
-    """`tokens` tokens of text, a different text for each `shift` (so no prompt reuses another's prefix)."""
-    ids = engine.tokenizer(" ".join(PROMPTS[shift:] + PROMPTS[:shift]) * 40)["input_ids"][:tokens]
+    """`tokens` tokens of text, a different text for each `shift` (so no prompt reuses another's prefix):
+    the prompts rotated by `shift`, in reverse order from `shift` 8 on."""
+    turn = shift % len(PROMPTS)
+    order = PROMPTS[turn:] + PROMPTS[:turn]
+    ids = engine.tokenizer(" ".join(order if shift < len(PROMPTS) else order[::-1]) * 40)["input_ids"][:tokens]
     return engine.tokenizer.decode(ids)
 
 
@@ -254,8 +257,8 @@ async def _next_turn_phase(engine: LocalEngine) -> dict[str, Any]:
             first = [{"role": "system", "content": _rotated(shift, AGENT_SYSTEM, engine)},
                      {"role": "user", "content": PROMPTS[6]}]
             reply = await engine.generate(engine.render(first), SamplingParams(max_tokens=64, temperature=0)).final()
-        finally:
-            engine.__dict__.pop("_keep_reply", None)
+        finally:  # on the scheduler thread: it answers a request before it files the reply
+            await engine._call(lambda: engine.__dict__.pop("_keep_reply", None))
         second = first + [{"role": "assistant", "content": reply.text},
                           {"role": "user", "content": "Show me one more example."}]
         prompt, prefilled = engine.render(second), engine.stats["prefill_tokens"]

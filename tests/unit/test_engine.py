@@ -3,6 +3,7 @@
 import asyncio
 
 import pytest
+import torch
 
 from clawr1.core.types import ContextLengthError, InvalidRequestError, SamplingParams, UnknownAdapterError
 from tests.conftest import run
@@ -305,3 +306,38 @@ def test_a_cancel_or_close_stops_a_long_prefill_between_chunks(chunked, how):
     gen = run(go())
     assert gen.finish_reason == "aborted" and gen.token_ids == []
     assert chunked.stats["prefill_tokens"] - before < len(long_prompt)
+
+
+def test_a_batch_failure_after_a_row_finished_answers_each_request_once(tiny_model_dir):
+    """Re-laying the batch fails (out of memory) right after one request finished: that one keeps its
+    answer, the one still decoding fails, and neither is released twice (the queue count stays true)."""
+    from clawr1.core.config import EngineConfig
+    from clawr1.core.types import EngineFailure, Generation
+    from clawr1.engine.local import LocalEngine
+
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, prefix_cache_mb=0))
+    prompts = [engine.render([{"role": "user", "content": text}]) for text in ("Name three rivers.", "Count to ten.")]
+
+    def no_memory(rows):
+        raise torch.OutOfMemoryError("simulated")
+
+    engine._batch.keep = no_memory
+
+    async def answer(stream):
+        try:
+            return await stream.final()
+        except EngineFailure as exc:
+            return exc
+
+    async def go():
+        streams = [engine.generate(prompt, SamplingParams(max_tokens=n, temperature=0))
+                   for prompt, n in zip(prompts, (3, 40))]
+        results = await asyncio.gather(*(answer(s) for s in streams))
+        pending = engine._pending
+        await engine.close()
+        return results, pending
+
+    results, pending = run(go())
+    answered = [r for r in results if isinstance(r, Generation)]
+    assert len(answered) == 1 and isinstance(next(r for r in results if r not in answered), EngineFailure)
+    assert pending == 0

@@ -69,6 +69,20 @@ def test_prompts_lists_an_owners_most_recent_first_and_whole_lookup_may_cover_th
     assert not cache.covers("a", [1, 2, 3, 4]) and not cache.covers("a", [2]) and not cache.covers("b", [1, 2])
 
 
+def test_a_reply_replaces_the_other_replies_to_its_prompt_but_not_a_later_turn_that_starts_with_it():
+    """A group of samples of one prompt keeps one entry (the prompt part of it serves them all);
+    another conversation that began with the same prompt and went on keeps its own."""
+    cache = PrefixCache(budget_bytes=1 << 20)
+    cache.store("a", [1, 2, 3, 4, 5, 6, 7, 8], kv(8))  # a conversation's turn 2, starting with [1, 2, 3]
+    cache.store("a", [1, 2, 3, 10, 11], kv(5), prompt=3)  # sample 1 of prompt [1, 2, 3]
+    cache.store("a", [1, 2, 3, 20, 21, 22], kv(6), prompt=3)  # sample 2: replaces sample 1
+    cache.store("b", [1, 2, 3, 30], kv(4), prompt=3)  # another owner's: untouched
+    assert len(cache) == 3 and cache.nbytes == (8 + 6 + 4) * 128
+    assert cache.lookup("a", [1, 2, 3, 10, 11, 12])[0] == 3  # sample 1's reply is gone, its prompt is served
+    assert cache.lookup("a", [1, 2, 3, 20, 21, 22, 23])[0] == 6
+    assert cache.lookup("a", [1, 2, 3, 4, 5, 6, 7, 8, 9])[0] == 8
+
+
 def _turns(engine: LocalEngine) -> tuple[list[int], list[int]]:
     first = engine.render([{"role": "system", "content": "You are a careful assistant. " * 6},
                            {"role": "user", "content": "Name three rivers."}])
@@ -386,7 +400,7 @@ def test_a_finished_reply_is_cached_with_its_prompt_so_the_next_turn_prefills_on
         sampling = SamplingParams(max_tokens=12, temperature=0, stop=(stop,) if stop else ())
         beside = engine.generate(other, SamplingParams(max_tokens=30, temperature=1.0, seed=1))
         reply = await engine.generate(first, sampling).final()
-        await beside.final()
+        assert len((await beside.final()).token_ids) > len(reply.token_ids)  # turn 1 decoded beside it, padded
         second = first + reply.token_ids + engine.render([{"role": "user", "content": "Why?"}])
         before = engine.stats["prefix_cached_tokens"]
         gen = await engine.generate(second, SamplingParams(max_tokens=6, temperature=0.8, seed=3)).final()

@@ -123,14 +123,21 @@ class KVBatch:
         self.cache = concat(self.cache, cache, pad_batch, pad_row)
         self.mask = torch.cat([F.pad(self.mask, (pad_batch, 0)), F.pad(row_mask, (pad_row, 0))])
 
-    def row(self, index: int) -> tuple[int, DynamicCache]:
-        """Row `index`'s real tokens and a copy of their KV (its padding left out): a finished
-        request's prompt and reply, for the prefix cache. A copy, not a view: a view would keep the
-        whole batch's buffers alive."""
-        n = int(self.mask[index].sum())
-        layers = [(keys[index:index + 1, :, -n:].clone(), values[index:index + 1, :, -n:].clone())
-                  for keys, values, _ in self.cache]
-        return n, DynamicCache(ddp_cache_data=layers)
+    def length(self, index: int) -> int:
+        """Real (unpadded) columns of row `index`."""
+        return int(self.mask[index].sum())
+
+    def column_bytes(self) -> int:
+        """Bytes of one row's KV per column, over every layer."""
+        return sum(2 * keys.shape[1] * keys.shape[3] * keys.element_size() for keys, _, _ in self.cache)
+
+    def row(self, index: int) -> DynamicCache:
+        """A copy of row `index`'s KV without its padding: a finished request's prompt and reply, for
+        the prefix cache. `DynamicCache` concatenates what it is given onto empty layers, so these
+        are fresh tensors, not views that would keep the whole batch's buffers alive."""
+        n = self.length(index)
+        return DynamicCache(ddp_cache_data=[(keys[index:index + 1, :, -n:], values[index:index + 1, :, -n:])
+                                            for keys, values, _ in self.cache])
 
     def step_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention mask and position ids for feeding one new token per row."""

@@ -288,7 +288,8 @@ class LocalEngine(Frontend):
                 except Exception as exc:  # a failed decode step fails the batch it ran, not the engine
                     log.exception("engine step failed; failing %d running requests", len(self._running))
                     for request in self._running:
-                        self._settle(request, EngineFailure(f"engine step failed: {type(exc).__name__}: {exc}"))
+                        if request.gen.finish_reason is None:  # one that finished was answered (and released) already
+                            self._settle(request, EngineFailure(f"engine step failed: {type(exc).__name__}: {exc}"))
                     self._running, self._batch = [], KVBatch(self._base.device)
                 self._collect_retired()
         self._drain(block=False)  # requests submitted just before close still get an answer
@@ -479,11 +480,15 @@ class LocalEngine(Frontend):
         """File a finished request's prompt and reply (all but the last token, never fed) in the prefix
         cache: the agent's next turn resends both, and without this it prefilled the reply again."""
         if request.gen.finish_reason not in ("stop", "length") or len(request.gen.token_ids) < 2 \
-                or request.key in self._retired or self._prefix.budget <= 0:
+                or request.key in self._retired:
             return
+        self._prefix.resize(self.config.prefix_cache_mb << 20)  # read live, as for a request
+        n = self._batch.length(row)
+        ids = (request.prompt_ids + request.gen.token_ids)[:n]
+        if n * self._batch.column_bytes() > self._prefix.budget or self._prefix.covers(request.key, ids):
+            return  # it would not be kept: spare the copy
         try:
-            n, cache = self._batch.row(row)
-            self._prefix.store(request.key, (request.prompt_ids + request.gen.token_ids)[:n], cache)
+            self._prefix.store(request.key, ids, self._batch.row(row), prompt=len(request.prompt_ids))
         except Exception:  # e.g. out of memory for the copy: the reply is answered all the same
             log.exception("keeping a finished reply's KV failed; its next turn prefills it again")
 

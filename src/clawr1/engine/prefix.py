@@ -28,6 +28,7 @@ class _Entry:
     ids: torch.Tensor  # the prompt's token ids, [T]
     layers: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), [1, H, T, D]; never written
     nbytes: int
+    prompt: int | None = None  # a finished reply's entry: its prompt's length in `ids`
 
 
 class PrefixCache:
@@ -60,10 +61,13 @@ class PrefixCache:
         # The new cache copies the prefix once (DynamicLayer.update concatenates): the entry is never written.
         return best_len, DynamicCache(ddp_cache_data=[(k[:, :, :best_len], v[:, :, :best_len]) for k, v in best.layers])
 
-    def store(self, owner: str, prompt_ids: list[int], cache: DynamicCache) -> None:
-        """File a finished prefill's KV. An entry whose prompt this one extends is dropped: every prompt it
+    def store(self, owner: str, prompt_ids: list[int], cache: DynamicCache, prompt: int | None = None) -> None:
+        """File a finished prefill's KV, or a finished reply's with its prompt's (`prompt`: the prompt's
+        length in `prompt_ids`). An entry whose prompt this one extends is dropped: every prompt it
         could serve, the new one serves as far or further (a conversation keeps one entry, its latest);
-        for the same reason nothing is filed when an entry already extends this prompt."""
+        for the same reason nothing is filed when an entry already extends this prompt. A reply also
+        replaces the other replies to its prompt (a group of samples keeps one entry, not one copy
+        of the prompt per sample): the prompt part of any of them serves the others' next turns."""
         if self.budget <= 0:
             return
         layers = [(layer.keys, layer.values) for layer in cache.layers]
@@ -72,7 +76,13 @@ class PrefixCache:
             return
         ids = torch.tensor(prompt_ids)
         for key, entry in list(self._entries.items()):
-            if entry.owner != owner or _common(entry.ids, ids) < min(len(entry.ids), len(ids)):
+            if entry.owner != owner:
+                continue
+            common = _common(entry.ids, ids)
+            if prompt is not None and entry.prompt == prompt and common >= prompt:
+                self._remove(key)  # another reply to the same prompt (not a later turn that starts with it)
+                continue
+            if common < min(len(entry.ids), len(ids)):
                 continue  # neither prompt is a prefix of the other
             if len(entry.ids) >= len(ids):  # one on file already extends this prompt: it serves it as far
                 self._entries.move_to_end(key)
@@ -80,7 +90,7 @@ class PrefixCache:
             self._remove(key)
         while self.nbytes + nbytes > self.budget:
             self._remove(next(iter(self._entries)))
-        entry = _Entry(next(self._serial), owner, ids, layers, nbytes)
+        entry = _Entry(next(self._serial), owner, ids, layers, nbytes, prompt)
         self._entries[entry.key] = entry
         self.nbytes += nbytes
 
