@@ -242,12 +242,7 @@ async def _next_turn_phase(engine: LocalEngine) -> dict[str, Any]:
                           {"role": "user", "content": "And why does the back of it feel warm?"}]
         if name == "cached":
             await engine.generate(engine.render(first), greedy).final()  # turn 1, served before
-        prompt, prefilled = engine.render(second), engine.stats["prefill_tokens"]
-        start = time.perf_counter()
-        await engine.generate(prompt, greedy).final()
-        r[f"turn2_{name}_ttft_s"] = time.perf_counter() - start
-        r[f"turn2_{name}_prefilled"] = engine.stats["prefill_tokens"] - prefilled
-        r[f"turn2_{name}_tokens"] = len(prompt)
+        r.update(await _first_token(engine, second, f"turn2_{name}"))
     r["turn2_speedup"] = r["turn2_cold_ttft_s"] / r["turn2_cached_ttft_s"]
     # Turn 2 resending the model's own 64-token reply: its KV kept with the prompt's, or not.
     for name, shift, kept in (("reply_dropped", 8, False), ("reply_kept", 9, True)):
@@ -261,15 +256,20 @@ async def _next_turn_phase(engine: LocalEngine) -> dict[str, Any]:
             await engine._call(lambda: engine.__dict__.pop("_keep_reply", None))
         second = first + [{"role": "assistant", "content": reply.text},
                           {"role": "user", "content": "Show me one more example."}]
-        prompt, prefilled = engine.render(second), engine.stats["prefill_tokens"]
-        start = time.perf_counter()
-        await engine.generate(prompt, greedy).final()
-        r[f"turn2_{name}_ttft_s"] = time.perf_counter() - start
-        r[f"turn2_{name}_prefilled"] = engine.stats["prefill_tokens"] - prefilled
-        r[f"turn2_{name}_tokens"] = len(prompt)
+        r.update(await _first_token(engine, second, f"turn2_{name}"))
         r[f"turn2_{name}_reply_tokens"] = len(reply.token_ids)
     r["turn2_reply_speedup"] = r["turn2_reply_dropped_ttft_s"] / r["turn2_reply_kept_ttft_s"]
     return r
+
+
+async def _first_token(engine: LocalEngine, messages: list[dict[str, str]], name: str,
+                       adapter: str | None = None) -> dict[str, Any]:
+    """Time to the first token of `messages` (greedy), with how many of its tokens were prefilled."""
+    prompt, prefilled = engine.render(messages), engine.stats["prefill_tokens"]
+    start = time.perf_counter()
+    await engine.generate(prompt, SamplingParams(max_tokens=1, temperature=0), adapter).final()
+    return {f"{name}_ttft_s": time.perf_counter() - start,
+            f"{name}_prefilled": engine.stats["prefill_tokens"] - prefilled, f"{name}_tokens": len(prompt)}
 
 
 async def _long_decode_phase(engine: LocalEngine, max_tokens: int) -> dict[str, Any]:
@@ -383,12 +383,7 @@ async def _swapped_turn_phase(engine: LocalEngine, trainer: Any, root: Path) -> 
             while engine.rewarming:  # the idle time an agent's user gives it (none is needed when cold)
                 await asyncio.sleep(0.01)
             r[f"swapped_turn2_{name}_idle_s"] = time.perf_counter() - start
-            prompt, prefilled = engine.render(second), engine.stats["prefill_tokens"]
-            start = time.perf_counter()
-            await engine.generate(prompt, greedy, ADAPTER).final()
-            r[f"swapped_turn2_{name}_ttft_s"] = time.perf_counter() - start
-            r[f"swapped_turn2_{name}_prefilled"] = engine.stats["prefill_tokens"] - prefilled
-            r[f"swapped_turn2_{name}_tokens"] = len(prompt)
+            r.update(await _first_token(engine, second, f"swapped_turn2_{name}", ADAPTER))
     finally:
         engine.config = engine.config.model_copy(update={"prefix_rewarm": configured})
     r["swapped_turn2_speedup"] = r["swapped_turn2_cold_ttft_s"] / r["swapped_turn2_rewarmed_ttft_s"]

@@ -91,6 +91,16 @@ def _turns(engine: LocalEngine) -> tuple[list[int], list[int]]:
     return first, second
 
 
+async def _turn2(engine: LocalEngine, second: list[int], sampling: SamplingParams, adapter: str | None = None):
+    """Serve turn 2, score its reply in one pass, close the engine: (prompt tokens taken from the
+    prefix cache, the generation, the scored logprobs)."""
+    before = engine.stats["prefix_cached_tokens"]
+    gen = await engine.generate(second, sampling, adapter=adapter).final()
+    scored = await engine.score(second, gen.token_ids, adapter=adapter, temperature=sampling.temperature)
+    await engine.close()
+    return engine.stats["prefix_cached_tokens"] - before, gen, scored
+
+
 @pytest.mark.parametrize("budget_mb", [64, 0])
 def test_a_next_turn_prefills_only_what_is_new_with_exact_logprobs(tiny_model_dir, budget_mb):
     """The second turn's prompt extends the first's: with the cache it prefills only the new tokens
@@ -131,24 +141,21 @@ def test_a_slot_reused_by_a_later_version_never_serves_the_earlier_versions_kv(t
         await engine.load_adapter("policy", versions[2])
         await engine.load_adapter("policy", versions[3])
         assert engine._adapters["policy"][0] == slot_v1  # the test's premise: v3 was copied into v1's slot
-        before = engine.stats["prefix_cached_tokens"]
-        gen = await engine.generate(second, sampling, adapter="policy").final()
-        scored = await engine.score(second, gen.token_ids, adapter="policy", temperature=0.8)
-        await engine.close()
-        return engine.stats["prefix_cached_tokens"] - before, gen, scored
+        return await _turn2(engine, second, sampling, "policy")
 
     cached, gen, scored = run(go())
     assert gen.version == 3 and cached == 0
     assert max(abs(a - b) for a, b in zip(gen.logprobs, scored)) <= 1e-3
 
 
-def test_new_full_weights_drop_every_cached_prefix(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("rewarm", [0, 8])
+def test_new_full_weights_drop_every_cached_prefix_and_reprefill_them_when_idle(tiny_model_dir, tmp_path, rewarm):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     with torch.no_grad():
         for param in model.parameters():
             param.mul_(0.9)
     path = store.publish_weights(model, Path(tmp_path) / "weights", "policy", 1)
-    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, prefix_rewarm=0))
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, prefill_chunk=16, prefix_rewarm=rewarm))
     first, second = _turns(engine)
     sampling = SamplingParams(max_tokens=6, temperature=0.8, seed=3)
 
@@ -156,14 +163,11 @@ def test_new_full_weights_drop_every_cached_prefix(tiny_model_dir, tmp_path):
         await engine.generate(first, sampling).final()
         assert len(engine._prefix) == 1
         assert await engine.load_weights(path) == 1
-        before = engine.stats["prefix_cached_tokens"]
-        gen = await engine.generate(second, sampling).final()
-        scored = await engine.score(second, gen.token_ids, temperature=0.8)
-        await engine.close()
-        return engine.stats["prefix_cached_tokens"] - before, gen, scored
+        await _idle(engine)
+        return await _turn2(engine, second, sampling)
 
     cached, gen, scored = run(go())
-    assert gen.version == 1 and cached == 0
+    assert gen.version == 1 and cached == (len(first) if rewarm else 0)
     assert max(abs(a - b) for a, b in zip(gen.logprobs, scored)) <= 1e-3
 
 
@@ -230,31 +234,6 @@ def test_after_swaps_idle_time_reprefills_the_replaced_versions_prompts_under_th
     cached = engine.stats["prefix_cached_tokens"] - before.get("prefix_cached_tokens", 0)
     assert gen.version == 3 and cached == (len(first) if rewarm else 0)
     assert (before.get("prefix_rewarmed_tokens", 0) >= len(first)) == bool(rewarm)
-    assert max(abs(a - b) for a, b in zip(gen.logprobs, scored)) <= 1e-3
-
-
-def test_new_full_weights_reprefill_the_cached_prompts_when_idle(tiny_model_dir, tmp_path):
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.mul_(0.9)
-    path = store.publish_weights(model, Path(tmp_path) / "weights", "policy", 1)
-    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, prefill_chunk=16))
-    first, second = _turns(engine)
-    sampling = SamplingParams(max_tokens=6, temperature=0.8, seed=3)
-
-    async def go():
-        await engine.generate(first, sampling).final()
-        assert await engine.load_weights(path) == 1
-        await _idle(engine)
-        before = engine.stats["prefix_cached_tokens"]
-        gen = await engine.generate(second, sampling).final()
-        scored = await engine.score(second, gen.token_ids, temperature=0.8)
-        await engine.close()
-        return engine.stats["prefix_cached_tokens"] - before, gen, scored
-
-    cached, gen, scored = run(go())
-    assert gen.version == 1 and cached == len(first)
     assert max(abs(a - b) for a, b in zip(gen.logprobs, scored)) <= 1e-3
 
 
@@ -347,11 +326,7 @@ def test_a_request_starting_from_a_half_done_rewarm_has_exact_logprobs(tiny_mode
         await engine.generate(first, sampling, adapter="policy").final()
         await engine.load_adapter("policy", versions[2])  # prefix_rewarm = 0: nothing queued
         await engine._call(one_chunk)
-        before = engine.stats["prefix_cached_tokens"]
-        gen = await engine.generate(second, sampling, adapter="policy").final()
-        scored = await engine.score(second, gen.token_ids, adapter="policy", temperature=0.8)
-        await engine.close()
-        return engine.stats["prefix_cached_tokens"] - before, gen, scored
+        return await _turn2(engine, second, sampling, "policy")
 
     cached, gen, scored = run(go())
     assert gen.version == 2 and cached == 16
