@@ -341,3 +341,30 @@ def test_a_batch_failure_after_a_row_finished_answers_each_request_once(tiny_mod
     answered = [r for r in results if isinstance(r, Generation)]
     assert len(answered) == 1 and isinstance(next(r for r in results if r not in answered), EngineFailure)
     assert pending == 0
+
+
+def test_a_process_that_exits_while_the_engine_decodes_exits_cleanly(tiny_model_dir, tmp_path):
+    """Interrupted before `close()` ended (or never closed), a process used to abort at exit: the
+    scheduler thread, a daemon, was unwound inside torch's C++ code ("terminate called without an
+    active exception", SIGABRT). The engine now stops its thread before Python finalizes."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "leave.py"
+    script.write_text(f"""
+import asyncio
+from clawr1.core.config import EngineConfig
+from clawr1.core.types import SamplingParams
+from clawr1.engine.local import LocalEngine
+
+engine = LocalEngine.load({str(tiny_model_dir)!r}, EngineConfig(threads=1))
+prompt = engine.render([{{"role": "user", "content": "Tell me a story."}}])
+
+async def main():
+    streams = [engine.generate(prompt, SamplingParams(max_tokens=400, temperature=1.0)) for _ in range(8)]
+    await anext(aiter(streams[0]))  # decoding: leave without close()
+
+asyncio.run(main())
+""")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0 and "terminate called" not in done.stderr, done.stderr[-2000:]

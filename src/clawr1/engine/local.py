@@ -21,6 +21,7 @@ later version) once no request holds it.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import logging
 import queue
@@ -58,6 +59,7 @@ from clawr1.engine.text import Advance
 log = logging.getLogger(__name__)
 BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+EXIT_JOIN_S = 60.0  # at interpreter exit, the longest wait for the step in progress to end
 
 
 @dataclass(eq=False)
@@ -140,6 +142,7 @@ class LocalEngine(Frontend):
         self.stats = collections.Counter()
         self._thread = threading.Thread(target=self._run, name="clawr1-engine", daemon=True)
         self._thread.start()
+        atexit.register(self._stop_at_exit)
 
     @classmethod
     def load(cls, path: Path, config: EngineConfig) -> LocalEngine:
@@ -236,6 +239,15 @@ class LocalEngine(Frontend):
         self._closed = True
         self._commands.put(lambda: None)
         await asyncio.to_thread(self._thread.join)
+        atexit.unregister(self._stop_at_exit)  # a closed engine is not kept alive for exit
+
+    def _stop_at_exit(self) -> None:
+        """Stop the scheduler thread before Python finalizes. A daemon thread still in a forward pass
+        then is unwound inside torch's C++ code and the process aborts (SIGABRT, "terminate called
+        without an active exception"): what a process interrupted before `close()` ended did."""
+        self._closed = True
+        self._commands.put(lambda: None)
+        self._thread.join(timeout=EXIT_JOIN_S)
 
     # ---- helpers on the caller's side ---------------------------------------------------
     def _check_prompt(self, prompt_ids: list[int]) -> None:
