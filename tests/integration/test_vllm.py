@@ -71,13 +71,6 @@ def up_vllm(model_dir, tmp_path_factory):
             interrupt(proc)
 
 
-def _up(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/v1/models", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def adapter(model_dir: Path, root: Path, version: int, seed: int) -> Path:
     """A LoRA of the trainer's shape (r=8 on all projections) with non-zero weights, published."""
     torch.manual_seed(seed)

@@ -332,6 +332,17 @@ class LocalEngine(Frontend):
             kwargs["adapter_names"] = keys
         return self._slots.model(use_cache=True, **kwargs)
 
+    def _forward_chunk(self, key: str, prompt_ids: list[int], cache: DynamicCache, start: int, end: int) -> Any:
+        """Run prompt tokens [start, end) into `cache` (which holds the ones before), under `key`'s weights."""
+        ids = torch.tensor([prompt_ids[start:end]], device=self._base.device)
+        return self._forward([key], input_ids=ids, cache=cache, logits_to_keep=1,
+                             position_ids=torch.arange(start, end, device=ids.device)[None])
+
+    def _live_prefix(self) -> PrefixCache:
+        """The prefix cache under the configured budget, read live (as `prefill_chunk` is)."""
+        self._prefix.resize(self.config.prefix_cache_mb << 20)
+        return self._prefix
+
     def _admit(self) -> None:
         while (self._prefill or self._waiting) and len(self._running) < self.config.max_batch and not self._closed:
             if self._weights_pending is not None and self._prefill is None:
@@ -363,14 +374,12 @@ class LocalEngine(Frontend):
             return True
         try:
             if prefill.cache is None:  # its first chunk: start from the longest cached prefix, if any
-                self._prefix.resize(self.config.prefix_cache_mb << 20)  # read live, as `prefill_chunk` is
+                self._live_prefix()
                 prefill.done, cache = self._prefix.lookup(request.key, request.prompt_ids)
                 prefill.cache = cache or DynamicCache()
                 self.stats["prefix_cached_tokens"] += prefill.done
             start, end = prefill.done, min(prefill.done + self.config.prefill_chunk, len(request.prompt_ids))
-            ids = torch.tensor([request.prompt_ids[start:end]], device=self._base.device)
-            out = self._forward([request.key], input_ids=ids, cache=prefill.cache, logits_to_keep=1,
-                                position_ids=torch.arange(start, end, device=ids.device)[None])
+            out = self._forward_chunk(request.key, request.prompt_ids, prefill.cache, start, end)
         except Exception as exc:  # e.g. out of memory on a long prompt: fail this request only
             log.exception("prefill of %d tokens failed", len(request.prompt_ids))
             self._prefill = None
@@ -392,8 +401,7 @@ class LocalEngine(Frontend):
         """Prefill the next `prefill_chunk` tokens of the oldest re-warm, and file what it holds so
         far in the prefix cache: a request that arrives meanwhile starts from there (having waited
         for one chunk at most). A failure (out of memory) drops that re-warm only."""
-        self._prefix.resize(self.config.prefix_cache_mb << 20)  # read live, as for a request
-        if self._prefix.budget <= 0:  # turned off: there is nowhere to file them
+        if self._live_prefix().budget <= 0:  # turned off: there is nowhere to file them
             self._rewarm.clear()
             return
         job = self._rewarm[0]
@@ -406,9 +414,7 @@ class LocalEngine(Frontend):
                 job.cache = cache or DynamicCache()
             start, end = job.done, min(job.done + self.config.prefill_chunk, len(job.ids))
             if start < end:
-                ids = torch.tensor([job.ids[start:end]], device=self._base.device)
-                self._forward([job.key], input_ids=ids, cache=job.cache, logits_to_keep=1,
-                              position_ids=torch.arange(start, end, device=ids.device)[None])
+                self._forward_chunk(job.key, job.ids, job.cache, start, end)
                 self._prefix.store(job.key, job.ids[:end], job.cache)
         except Exception:
             log.exception("re-prefilling a cached prompt of %d tokens failed; dropping it", len(job.ids))
@@ -483,7 +489,7 @@ class LocalEngine(Frontend):
         keep = [i for i, r in enumerate(self._running) if r.gen.finish_reason is None]
         if len(keep) != len(self._running):
             for row, request in enumerate(self._running):
-                if row not in keep:
+                if request.gen.finish_reason is not None:
                     self._keep_reply(row, request)
             self._batch.keep(keep)
             self._running = [self._running[i] for i in keep]
@@ -494,7 +500,7 @@ class LocalEngine(Frontend):
         if request.gen.finish_reason not in ("stop", "length") or len(request.gen.token_ids) < 2 \
                 or request.key in self._retired:
             return
-        self._prefix.resize(self.config.prefix_cache_mb << 20)  # read live, as for a request
+        self._live_prefix()
         n = self._batch.length(row)
         ids = (request.prompt_ids + request.gen.token_ids)[:n]
         if n * self._batch.column_bytes() > self._prefix.budget or self._prefix.covers(request.key, ids):
