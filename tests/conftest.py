@@ -110,14 +110,40 @@ SYSTEM_MODULES = {
 }
 
 
+def _tier(path: Path) -> str | None:
+    """The marker every test of a module gets for its tier (`system`, `integration`), if any."""
+    if "integration" in path.parts:
+        return "integration"
+    return "system" if path.stem in SYSTEM_MODULES else None
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """A module whose tier `-m` deselects is not imported at all: deselecting happens after
+    collection, and importing Ray, schemathesis and the real model's modules cost every fast-tier
+    worker ~1.5 s for tests it never runs. Only the markers this file adds decide tiers, so a
+    module is skipped when the expression is false with its tier's marker, with or without the
+    `system` one its postgres-parametrised tests also get."""
+    is_test = collection_path.name.startswith("test_") and collection_path.suffix == ".py"
+    tier = _tier(collection_path) if is_test else None
+    if tier is None or not config.option.markexpr:
+        return None
+    from _pytest.mark.expression import Expression  # what `-m` evaluates (pytest's own, private)
+
+    expression = Expression.compile(config.option.markexpr)
+
+    def selects(marks: set[str]) -> bool:
+        return expression.evaluate(lambda name, /, **_: name in marks)
+
+    return None if selects({tier}) or selects({tier, "system"}) else True
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        path = Path(str(item.fspath))
-        if "integration" in path.parts:
-            item.add_marker(pytest.mark.integration)
+        tier = _tier(Path(str(item.fspath)))
+        if tier is not None:
+            item.add_marker(tier)
         callspec = getattr(item, "callspec", None)
-        on_postgres = callspec is not None and callspec.params.get("open_test_pool") == "postgres"
-        if path.stem in SYSTEM_MODULES or on_postgres:
+        if callspec is not None and callspec.params.get("open_test_pool") == "postgres":
             item.add_marker(pytest.mark.system)
 
 

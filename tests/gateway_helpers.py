@@ -46,7 +46,7 @@ def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
         value = predicate()
         if value:
             return value
-        time.sleep(0.02)
+        time.sleep(0.005)
     raise AssertionError(f"timed out waiting for {what}")
 
 

@@ -4,8 +4,8 @@ chat (token-faithful steps, sessions), Anthropic's wire format and errors."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
-import anthropic
 import httpx
 import pytest
 
@@ -25,8 +25,16 @@ def server(engine, tmp_path):
         yield served
 
 
-def client(base: str, key: str = "unused") -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=base, api_key=key, max_retries=0)
+def sdk() -> Any:
+    """The anthropic SDK, imported by the tests that use it: its import takes ~2 s, which every
+    test worker paid at collection, whichever tests it then ran."""
+    import anthropic
+
+    return anthropic
+
+
+def client(base: str, key: str = "unused") -> Any:
+    return sdk().Anthropic(base_url=base, api_key=key, max_retries=0)
 
 
 def decoded(engine, step) -> str:
@@ -193,11 +201,11 @@ def test_bad_requests_get_anthropic_errors_and_store_nothing(server, body, fragm
 def test_x_api_key_and_bearer_are_accepted_and_checked(engine, tmp_path):
     with live_gateway(engine, tmp_path, 'gateway.api_keys=["sk-good"]') as (base, pool):
         ask = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
-        with pytest.raises(anthropic.AuthenticationError) as refused:
+        with pytest.raises(sdk().AuthenticationError) as refused:
             client(base, "sk-bad").messages.create(**ask)
         assert refused.value.body["error"]["type"] == "authentication_error"
         client(base, "sk-good").messages.create(**ask)  # x-api-key
-        anthropic.Anthropic(base_url=base, auth_token="sk-good", max_retries=0).messages.create(**ask)  # Bearer
+        sdk().Anthropic(base_url=base, auth_token="sk-good", max_retries=0).messages.create(**ask)  # Bearer
         assert len(steps_of(pool, 2)) == 2
 
 
@@ -205,7 +213,7 @@ def test_translation_of_a_parsed_tool_call(engine):
     parsed = engine.parse(CALL)
     gen = Generation(prompt_ids=[1, 2, 3], token_ids=[4, 5], finish_reason="stop")
     body = anthropic_wire.message_body("msg_1", "m", gen, parsed)
-    message = anthropic.types.Message.model_validate(body)
+    message = sdk().types.Message.model_validate(body)
     assert message.stop_reason == "tool_use" and message.stop_sequence is None
     assert body["content"][1] == {"type": "tool_use", "id": "toolu_" + parsed.tool_calls[0].id.removeprefix("call_"),
                                   "name": "get_weather", "input": {"city": "Paris"}}
