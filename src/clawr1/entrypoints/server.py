@@ -53,8 +53,9 @@ class Server(uvicorn.Server):
         """Stop serving (thread-safe): `should_exit`, and the main loop woken to see it."""
         self.should_exit = True
         loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(wake.set)
+        if loop is not None and wake is not None:
+            with contextlib.suppress(RuntimeError):  # its loop has closed: the server is down already
+                loop.call_soon_threadsafe(wake.set)
 
 
 def make_server(app: Any, host: str = "127.0.0.1", port: int = 0, *, tls_cert: Path | None = None,
