@@ -1,6 +1,6 @@
 """The trainer on any device and dtype, with the same maths: the fused, chunked head equals the
 unchunked log-softmax (values and gradients, the KLs to the base and to the hinted teacher too), a bfloat16 base gives the float32 update within
-bfloat16's precision with float32 master weights, token-budget micro-batches and gradient
+bfloat16's precision with float32 master weights (multiplied in bfloat16: mixed precision), token-budget micro-batches and gradient
 checkpointing change nothing but memory, and impossible placements fail with the fix in the message."""
 
 from __future__ import annotations
@@ -127,7 +127,15 @@ def test_a_bfloat16_base_trains_float32_lora_with_the_float32_update(realistic_m
             return _step(*args, **kwargs)
 
         trainer.optimizer.step = step
+        # Mixed precision: the float32 LoRA weights are multiplied in the base's dtype (autocast),
+        # not each LoRA input cast up to float32.
+        active = trainer.policy.model.active_adapter
+        lora_a = next(m for n, m in trainer.policy.model.named_modules() if n.endswith(f"lora_A.{active}"))
+        computed: set[torch.dtype] = set()
+        hook = lora_a.register_forward_hook(lambda _m, _i, out, _seen=computed: _seen.add(out.dtype))
         metrics = trainer.train_step(samples)
+        hook.remove()
+        assert computed == {getattr(torch, dtype)}
         assert metrics is not None and metrics["tokens"] > 0
         runs[dtype] = (seen, {n: p.detach() - before[n] for n, p in trainer.policy.named_trainable().items()})
     (g32, u32), (g16, u16) = runs["float32"], runs["bfloat16"]

@@ -82,6 +82,7 @@ class Policy:
         from peft import LoraConfig, get_peft_model
 
         self.device, dtype = placement(config)
+        self.dtype = dtype
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.chat = ChatFormat(self.tokenizer)
         base = base if base is not None else load_base(model_path, config, self.device, dtype)
@@ -117,7 +118,7 @@ class Policy:
 
     def _master_weights(self) -> None:
         """LoRA tensors in float32 whatever the base's dtype: AdamW's small updates would round
-        away in bfloat16 (peft's LoRA layers cast their input to the adapter's dtype)."""
+        away in bfloat16 (the forward casts them down under autocast: `_mixed_precision`)."""
         for name, param in self.model.named_parameters():
             if "lora_" in name and param.dtype != torch.float32:
                 param.data = param.data.float()
@@ -167,9 +168,21 @@ class Policy:
     def hidden(self, rows: Rows) -> torch.Tensor:
         """[B, K, H] the decoder's last hidden states at the positions that predict the reply tokens."""
         rows = rows.to(self.device)
-        out = self.causal_lm.get_decoder()(input_ids=rows.input_ids, attention_mask=rows.attention_mask,
-                                           position_ids=rows.position_ids, use_cache=False)
+        with self._mixed_precision():
+            out = self.causal_lm.get_decoder()(input_ids=rows.input_ids, attention_mask=rows.attention_mask,
+                                               position_ids=rows.position_ids, use_cache=False)
         return out.last_hidden_state[:, -rows.keep:-1]
+
+    def _mixed_precision(self) -> contextlib.AbstractContextManager[Any]:
+        """With a bfloat16 base, the decoder runs under autocast (mixed precision, as TRL's
+        `bf16=True`): the float32 LoRA weights are cast down for each matmul, rather than each LoRA
+        input being cast up to float32 and multiplied there (a bf16 step on the CPU, 8 x 256
+        tokens: 12.9 -> 9.9 s). The weights, their gradients and AdamW's state stay float32; the
+        fused head (outside) keeps its float32 log-softmax. Not for float16: without a loss scale
+        its gradients would underflow in the LoRA matmuls too."""
+        if self.dtype == torch.bfloat16 and self.device.type in ("cpu", "cuda"):
+            return torch.autocast(self.device.type, dtype=self.dtype)
+        return contextlib.nullcontext()
 
     @property
     def head(self) -> torch.Tensor:
