@@ -110,6 +110,9 @@ SYSTEM_MODULES = {
 }
 
 
+TIERS = ("system", "integration")
+
+
 def _tier(path: Path) -> str | None:
     """The marker every test of a module gets for its tier (`system`, `integration`), if any."""
     if "integration" in path.parts:
@@ -120,21 +123,25 @@ def _tier(path: Path) -> str | None:
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     """A module whose tier `-m` deselects is not imported at all: deselecting happens after
     collection, and importing Ray, schemathesis and the real model's modules cost every fast-tier
-    worker ~1.5 s for tests it never runs. Only the markers this file adds decide tiers, so a
-    module is skipped when the expression is false with its tier's marker, with or without the
-    `system` one its postgres-parametrised tests also get."""
+    worker ~1.5 s for tests it never runs. A module is skipped only when the expression is false
+    whatever its tests' other markers: with its tier's marker, with or without the `system` one
+    its postgres-parametrised tests also get, and with every other marker absent or present."""
     is_test = collection_path.name.startswith("test_") and collection_path.suffix == ".py"
     tier = _tier(collection_path) if is_test else None
     if tier is None or not config.option.markexpr:
         return None
-    from _pytest.mark.expression import Expression  # what `-m` evaluates (pytest's own, private)
+    from _pytest.mark.expression import Expression  # what `-m` evaluates (pytest's own)
 
-    expression = Expression.compile(config.option.markexpr)
+    try:
+        expression = Expression.compile(config.option.markexpr)
+    except SyntaxError:
+        return None  # pytest itself reports the malformed expression, once
 
-    def selects(marks: set[str]) -> bool:
-        return expression.evaluate(lambda name, /, **_: name in marks)
+    def selects(marks: set[str], others: bool) -> bool:
+        return expression.evaluate(lambda name, /, **_: name in marks or (others and name not in TIERS))
 
-    return None if selects({tier}) or selects({tier, "system"}) else True
+    chances = [({tier}, False), ({tier}, True), ({tier, "system"}, False), ({tier, "system"}, True)]
+    return None if any(selects(marks, others) for marks, others in chances) else True
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

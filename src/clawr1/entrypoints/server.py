@@ -47,7 +47,8 @@ class Server(uvicorn.Server):
         while not await self.on_tick(counter):
             counter = (counter + 1) % 864_000
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), 0.1)
+                async with asyncio.timeout(0.1):  # not wait_for: it can swallow a cancellation
+                    await self._wake.wait()
 
     def stop(self) -> None:
         """Stop serving (thread-safe): `should_exit`, and the main loop woken to see it."""
