@@ -142,7 +142,7 @@ class LocalEngine(Frontend):
         self.stats = collections.Counter()
         self._thread = threading.Thread(target=self._run, name="clawr1-engine", daemon=True)
         self._thread.start()
-        atexit.register(self._stop_at_exit)
+        atexit.register(self._stop, EXIT_JOIN_S)
 
     @classmethod
     def load(cls, path: Path, config: EngineConfig) -> LocalEngine:
@@ -236,18 +236,18 @@ class LocalEngine(Frontend):
             return {name: version for name, (_, version) in self._adapters.items()}
 
     async def close(self) -> None:
-        self._closed = True
-        self._commands.put(lambda: None)
-        await asyncio.to_thread(self._thread.join)
-        atexit.unregister(self._stop_at_exit)  # a closed engine is not kept alive for exit
+        self._closed = True  # new requests are refused from here on, not once the thread is reached
+        await asyncio.to_thread(self._stop)
+        atexit.unregister(self._stop)  # a closed engine is not kept alive for exit
 
-    def _stop_at_exit(self) -> None:
-        """Stop the scheduler thread before Python finalizes. A daemon thread still in a forward pass
-        then is unwound inside torch's C++ code and the process aborts (SIGABRT, "terminate called
+    def _stop(self, timeout: float | None = None) -> None:
+        """Stop the scheduler thread after its step in progress: on `close()`, and at interpreter exit
+        when `close()` did not end. A daemon thread still in a forward pass when Python finalizes
+        is unwound inside torch's C++ code and the process aborts (SIGABRT, "terminate called
         without an active exception"): what a process interrupted before `close()` ended did."""
         self._closed = True
         self._commands.put(lambda: None)
-        self._thread.join(timeout=EXIT_JOIN_S)
+        self._thread.join(timeout=timeout)
 
     # ---- helpers on the caller's side ---------------------------------------------------
     def _check_prompt(self, prompt_ids: list[int]) -> None:
