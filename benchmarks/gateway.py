@@ -4,6 +4,8 @@ Targets, each in its own process so the load generator never shares a GIL with a
 - `direct`: the fake OpenAI-compatible backend (`benchmarks.fake`), answering a fixed 16-token reply;
 - `passthrough`: a minimal aiohttp proxy in front of it (`benchmarks.passthrough`), the lean floor;
 - `gateway`: ours, `create_app(FakeEngine(), SQLitePool(tmp), config)` under uvicorn, recording on;
+- `gateway xN`: with `--workers N`, ours as `clawr1 serve` runs it with `gateway.workers = N` (a
+  front process and N gateway processes, each on the fake engine), beside the single process;
 - `litellm`: LiteLLM's proxy in front of the fake backend, when the `litellm` executable is found
   (`$CLAWR1_LITELLM` or PATH; install `litellm[proxy]` in a separate venv).
 
@@ -79,12 +81,23 @@ class Server:
         return self.log.read_text(errors="replace")[-chars:]
 
     def cpu_seconds(self) -> float | None:
-        """User + system CPU of the server process, all threads (Linux /proc; None elsewhere)."""
-        stat = Path(f"/proc/{self.proc.pid}/stat")
-        if not stat.exists():
+        """User + system CPU of the server process and its child processes (the workers and front
+        of `gateway.workers`), all threads (Linux /proc; None elsewhere)."""
+        if not Path(f"/proc/{self.proc.pid}/stat").exists():
             return None
-        fields = stat.read_text().rpartition(")")[2].split()  # after "pid (comm)"; comm may hold spaces
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+        stats = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rpartition(")")[2].split()  # after "pid (comm)"; comm may hold spaces
+            except OSError:  # a process that ended meanwhile
+                continue
+            stats[int(stat.parent.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])))  # ppid, utime + stime
+        tree, total = {self.proc.pid}, 0
+        for pid, (ppid, _) in sorted(stats.items()):  # children have higher pids than their parents here
+            if ppid in tree:
+                tree.add(pid)
+        total = sum(stats[pid][1] for pid in tree if pid in stats)
+        return total / os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -133,6 +146,15 @@ def serve_gateway(config_json: Path, port: int) -> None:
     from clawr1.gateway.app import create_app
 
     config = Config.model_validate_json(config_json.read_text())
+    if config.gateway.workers > 1:  # as `clawr1 serve` runs them, each worker on the fake engine
+        from clawr1.entrypoints.serve import serve
+
+        config = config.model_copy(update={"gateway": config.gateway.model_copy(update={"port": port})})
+        try:
+            asyncio.run(serve(config, on_ready=lambda *_: None, engine_spec="benchmarks.fake:FakeEngine"))
+        except KeyboardInterrupt:
+            pass
+        return
     pool = open_pool(config)  # as `clawr1 serve` opens it (with durable replies: no commit linger)
     # uvloop + httptools when installed: what `clawr1 serve` (uvicorn's "auto") runs on.
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
@@ -289,13 +311,16 @@ async def measure(server: Server, stream: bool, concurrency: int, requests: int,
 # ---- the run -----------------------------------------------------------------------------------------
 
 def run(config: Config, console: Console | None = None, requests: int = 2000, concurrency: tuple[int, ...] = (1, 64),
-        include_litellm: bool = True, seconds: float = 5.0, durable_both: bool = False) -> dict[str, Any]:
+        include_litellm: bool = True, seconds: float = 5.0, durable_both: bool = False,
+        workers: int = 1, fronts: int = 1) -> dict[str, Any]:
     """Run the benchmark, print tables of results, ratios and goals, and return the numbers.
-    `durable_both`: also run our gateway with `durable_reply` off, to price the commit-before-reply."""
+    `durable_both`: also run our gateway with `durable_reply` off, to price the commit-before-reply.
+    `workers` > 1: also run it with `gateway.workers = workers` (and `gateway.fronts = fronts`), for
+    the scaling."""
     console = console or Console()
     with tempfile.TemporaryDirectory(prefix="clawr1-bench-gateway-") as tmp:
         numbers = run_loop(_bench(config, console, Path(tmp), requests, tuple(concurrency), include_litellm, seconds,
-                                  durable_both))
+                                  durable_both, workers, fronts))
     _summarise(numbers)
     for table in _tables(numbers):
         console.print(table)
@@ -303,7 +328,8 @@ def run(config: Config, console: Console | None = None, requests: int = 2000, co
 
 
 async def _bench(config: Config, console: Console, workdir: Path, requests: int, concurrency: tuple[int, ...],
-                 include_litellm: bool, seconds: float, durable_both: bool = False) -> dict[str, Any]:
+                 include_litellm: bool, seconds: float, durable_both: bool = False, workers: int = 1,
+                 fronts: int = 1) -> dict[str, Any]:
     data_dir = workdir / "data"
     config_json = workdir / "config.json"
     config_json.write_text(config.model_copy(update={"data_dir": data_dir}).model_dump_json())
@@ -311,6 +337,9 @@ async def _bench(config: Config, console: Console, workdir: Path, requests: int,
     fast = config.model_copy(update={"data_dir": fast_dir, "gateway": config.gateway.model_copy(
         update={"durable_reply": False})})
     fast_json.write_text(fast.model_dump_json())
+    many_dir, many_json, many = workdir / "data-workers", workdir / "config-workers.json", f"{OURS} x{workers}"
+    many_json.write_text(config.model_copy(update={"data_dir": many_dir, "gateway": config.gateway.model_copy(
+        update={"workers": workers, "fronts": fronts})}).model_dump_json())
     litellm = find_litellm() if include_litellm else None
     numbers: dict[str, Any] = {
         "requests": requests, "seconds": seconds, "concurrency": list(concurrency), "reply_tokens": 16,
@@ -321,7 +350,7 @@ async def _bench(config: Config, console: Console, workdir: Path, requests: int,
     cells = [(mode, c) for mode in MODES for c in concurrency]
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console, refresh_per_second=4, transient=True)
-    task = progress.add_task("starting", total=(3 + bool(litellm) + durable_both) * len(cells))
+    task = progress.add_task("starting", total=(3 + bool(litellm) + durable_both + (workers > 1)) * len(cells))
 
     async def bench_target(server: Server) -> None:
         await wait_ready(server, served, 180)  # LiteLLM needs ~15 s on two cores
@@ -350,6 +379,10 @@ async def _bench(config: Config, console: Console, workdir: Path, requests: int,
                     REPLY_FIRST, [py, "-m", "benchmarks.gateway", "--serve-port", "{port}", "--serve-config",
                                   str(fast_json)], workdir,
                     token=config.gateway.api_keys[0] if config.gateway.api_keys else None)
+            if workers > 1:
+                launchers[many] = lambda: start(
+                    many, [py, "-m", "benchmarks.gateway", "--serve-port", "{port}", "--serve-config", str(many_json)],
+                    workdir, token=config.gateway.api_keys[0] if config.gateway.api_keys else None)
             if litellm:
                 # A local cost map: no network fetch (and no stall) at startup.
                 launchers["litellm"] = lambda: start(
@@ -363,13 +396,16 @@ async def _bench(config: Config, console: Console, workdir: Path, requests: int,
                     await bench_target(server)
                 finally:
                     code = server.stop()
-                if name in (OURS, REPLY_FIRST) and code != 0:
+                if name in (OURS, REPLY_FIRST, many) and code != 0:
                     raise RuntimeError(f"the gateway exited with {code}:\n{server.log_tail()}")
         finally:
             backend.stop()
     numbers["recording"] = _recorded(config, data_dir, served[OURS])
     if durable_both:
         numbers["recording_reply_first"] = _recorded(fast, fast_dir, served[REPLY_FIRST])
+    if workers > 1:
+        numbers["workers"], numbers["fronts"] = workers, fronts
+        numbers["recording_workers"] = _recorded(config, many_dir, served[many])
     return numbers
 
 
@@ -411,6 +447,10 @@ def _summarise(numbers: dict[str, Any]) -> None:
                                        if ours.get("added_p50_ms", 0) > 0 else None)}
                 ratios.setdefault(other, {}).setdefault(mode, {})[c] = ratio
     numbers["ratios"] = ratios
+    if numbers.get("workers", 1) > 1:  # gateway.workers = N against the one process, same run
+        several = targets[f"{OURS} x{numbers['workers']}"]
+        numbers["scaling"] = {mode: {c: several[mode][c]["req_s"] / cell["req_s"] if cell["req_s"] else None
+                                     for c, cell in cells.items()} for mode, cells in targets[OURS].items()}
     one, many = str(numbers["concurrency"][0]), str(numbers["concurrency"][-1])
     plain = targets[OURS]["plain"]
     if REPLY_FIRST in targets:  # what committing before the reply costs, from the same run
@@ -474,6 +514,16 @@ def _tables(numbers: dict[str, Any]) -> list[Table]:
                       _fmt(goal["limit"]) if isinstance(goal["limit"], float) else str(goal["limit"]),
                       "[green]yes[/green]" if goal["ok"] else "[red]no[/red]")
     tables.append(goals)
+    if "scaling" in numbers:
+        scaling = Table(title=f"gateway.workers = {numbers['workers']}, fronts = {numbers['fronts']}: req/s ÷ one "
+                              f"process's, same run "
+                              f"({numbers['cpus']} CPUs, shared with the load client and the backend)")
+        scaling.add_column("mode")
+        for c in conc:
+            scaling.add_column(f"@{c}", justify="right")
+        for mode, cells in numbers["scaling"].items():
+            scaling.add_row(mode, *[f"{_fmt(cells[c])}x" for c in conc])
+        tables.append(scaling)
     if "durable_cost_ms" in numbers:
         cost = Table(title="gateway.durable_reply: p50 with the commit before the reply minus p50 without (ms)")
         cost.add_column("mode")
@@ -493,12 +543,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--no-litellm", action="store_true")
     parser.add_argument("--durable", choices=("config", "both"), default="config")
+    parser.add_argument("--workers", type=int, default=1, help="also run gateway.workers = N, for the scaling")
+    parser.add_argument("--fronts", type=int, default=1, help="with --workers: gateway.fronts")
     args = parser.parse_args(argv)
     if args.serve_port is not None:
         serve_gateway(args.serve_config, args.serve_port)
     else:
         run(load_config(), requests=args.requests, seconds=args.seconds, include_litellm=not args.no_litellm,
-            durable_both=args.durable == "both")
+            durable_both=args.durable == "both", workers=args.workers, fronts=args.fronts)
 
 
 if __name__ == "__main__":

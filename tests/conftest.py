@@ -104,7 +104,7 @@ def run(coro):
 #   .venv/bin/python -m pytest -q -m "not system and not integration" tests
 # `.ci/run` runs every tier.
 SYSTEM_MODULES = {
-    "test_ray", "test_postgres", "test_up", "test_up_server", "test_demo_run", "test_trainer_ranks",
+    "test_ray", "test_postgres", "test_up", "test_up_server", "test_up_workers", "test_demo_run", "test_trainer_ranks",
     "test_bench_crash", "test_bench_trainer", "test_bench_swap", "test_bench_gateway", "test_faults",
     "test_clients", "test_dashboard", "test_schemathesis",
 }

@@ -127,7 +127,7 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     _fsync(path.parent)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
@@ -137,7 +137,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 def newest(root: Path, name: str) -> tuple[int, Path] | None:
     """The newest published version (one file read: `LATEST`); stores written before the pointer
     existed are listed once (`latest`)."""
-    pointer = _read_json(Path(root) / name / LATEST)
+    pointer = read_json(Path(root) / name / LATEST)
     if pointer is None:
         return latest(root, name)
     path = version_dir(root, name, int(pointer["version"]))
@@ -146,7 +146,7 @@ def newest(root: Path, name: str) -> tuple[int, Path] | None:
 
 def verdict(root: Path, name: str, version: int) -> dict[str, Any] | None:
     """The guard's decision on a version: `{"status", "reason", "scores", "decided_at"}`, or None."""
-    return _read_json(version_dir(root, name, version) / VERDICT)
+    return read_json(version_dir(root, name, version) / VERDICT)
 
 
 def decide(root: Path, name: str, version: int, status: str, reason: str, scores: dict[str, Any]) -> None:
@@ -158,7 +158,7 @@ def control(root: Path, name: str) -> dict[str, Any]:
     """The admin's controls: `pinned` (a version to serve whatever else is promoted, or None) and
     `rollback` (`{"to": N, "id": ...}`: serve N and train on from it; the trainer keeps the ids it
     applied)."""
-    return _read_json(Path(root) / name / CONTROL) or {"pinned": None, "rollback": None}
+    return read_json(Path(root) / name / CONTROL) or {"pinned": None, "rollback": None}
 
 
 def serve_order(root: Path, name: str) -> list[int]:

@@ -7,7 +7,9 @@ A backend says how to sample (`_sample`: an async iterator of (token id, logprob
 load or unload a LoRA adapter on its server. Versions: each published version is loaded under its
 own server-side name (`policy@v7`); the name clients use flips to it atomically, requests already
 running finish on the one they started with, and a retired version is unloaded from the server
-once nothing holds it.
+once nothing holds it. With several gateway processes on one server (`gateway.workers`), the leader
+loads and unloads (keeping a retired version `retire_delay_s` longer, past any request another
+process may still run on it) and the others `adopt` what it serves, never touching the server's set.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import asyncio
 import collections
 import json
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -69,10 +72,15 @@ class RemoteEngine(Frontend, ABC):
                                         timeout=httpx.Timeout(600.0, connect=10.0))
         self._adapters: dict[str, tuple[str, int]] = {}  # name -> (server-side name, version)
         self._holds: collections.Counter[str] = collections.Counter()  # server-side name -> requests on it
-        self._retired: set[str] = set()
+        self._retired: dict[str, float] = {}  # server-side name -> when it was retired (monotonic)
+        self.retire_delay_s = 0.0
+        """How long a retired version stays on the server before it is unloaded: 0 with one gateway
+        process (its own holds say when); with several, long enough that no other process can still
+        be running a request on it (set by the leader, `Gateway`)."""
         self._pending = 0
         self._closed = False
         self._tasks: set[asyncio.Task] = set()  # unloads of retired versions in progress
+        self._delayed: set[asyncio.Task] = set()  # unloads waiting out `retire_delay_s` (cancelled on close)
         self._weights_version = 0
 
     # ---- what a backend provides ----------------------------------------------------------
@@ -128,23 +136,33 @@ class RemoteEngine(Frontend, ABC):
         current = self._adapters.get(name)
         if current and current[1] == version:
             return version
-        served = f"{name}@v{version}"
+        served = served_name(name, version)
         try:
             await self._load(served, Path(path).resolve())
         except httpx.HTTPError as exc:
             raise AdapterError(f"the server did not load {path}: {exc}") from exc
         self._adapters[name] = (served, version)  # the flip: new requests get it from here on
         if current:
-            self._retired.add(current[0])
-            await self._collect()
+            await self._retire(current[0])
         return version
 
     async def unload_adapter(self, name: str) -> None:
         current = self._adapters.pop(name, None)
         if current is None:
             raise UnknownAdapterError(f"no adapter named {name!r}", "model")
-        self._retired.add(current[0])
-        await self._collect()
+        await self._retire(current[0])
+
+    def adopt(self, name: str, version: int) -> None:
+        """Serve `name` as the version another process loaded on the server (`gateway.workers`):
+        only where requests go changes here (0: the base); nothing is loaded or unloaded."""
+        if version == 0:
+            self._adapters.pop(name, None)
+        else:
+            self._adapters[name] = (served_name(name, version), version)
+
+    def adopt_weights(self, version: int) -> None:
+        """The whole-weights version another process loaded on the server."""
+        self._weights_version = version
 
     def adapters(self) -> dict[str, int]:
         return {name: version for name, (_, version) in self._adapters.items()}
@@ -158,7 +176,9 @@ class RemoteEngine(Frontend, ABC):
 
     async def close(self) -> None:
         self._closed = True
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for task in self._delayed:  # the server outlives this process; its versions are its business now
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._delayed, return_exceptions=True)
         await self.client.aclose()
 
     # ---- plumbing -------------------------------------------------------------------------
@@ -179,10 +199,25 @@ class RemoteEngine(Frontend, ABC):
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
 
+    async def _retire(self, served: str) -> None:
+        self._retired[served] = time.monotonic()
+        if self.retire_delay_s > 0:
+            task = asyncio.ensure_future(self._collect_after(self.retire_delay_s))
+            self._delayed.add(task)
+            task.add_done_callback(self._delayed.discard)
+        else:
+            await self._collect()
+
+    async def _collect_after(self, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        await self._collect()
+
     async def _collect(self) -> None:
-        """Unload retired versions nothing holds any more (an unload error is logged, not fatal)."""
-        for served in [s for s in self._retired if self._holds[s] <= 0]:
-            self._retired.discard(served)
+        """Unload retired versions nothing holds any more and retired at least `retire_delay_s`
+        ago (an unload error is logged, not fatal)."""
+        due = time.monotonic() - self.retire_delay_s
+        for served in [s for s, when in self._retired.items() if self._holds[s] <= 0 and when <= due]:
+            del self._retired[served]
             self._holds.pop(served, None)
             try:
                 await self._unload(served)
@@ -213,6 +248,11 @@ class RemoteEngine(Frontend, ABC):
         finally:
             self._pending -= 1
             self._release(served)
+
+
+def served_name(name: str, version: int) -> str:
+    """A version's name on the server (`policy@v7`): every gateway process on it uses the same."""
+    return f"{name}@v{version}"
 
 
 async def sse_json(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:

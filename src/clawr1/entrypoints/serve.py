@@ -23,22 +23,27 @@ log = logging.getLogger(__name__)
 
 async def serve(config: Config, on_ready: Callable[[int, str], None] | None = None,
                 workers: Callable[[Gateway], list[Coroutine[Any, Any, None]]] | None = None,
-                engine: Engine | None = None, pool: DataPool | None = None) -> None:
+                engine: Engine | None = None, pool: DataPool | None = None, engine_spec: str | None = None) -> None:
     """Serve until cancelled or interrupted. `workers(gateway)` gives background jobs that share
     the engine and pool (the reward worker under `clawr1 up`); they stop with the server. `engine`
-    and `pool` default to the configured ones (a Ray deployment passes its router and pool service)."""
+    and `pool` default to the configured ones (a Ray deployment passes its router and pool service).
+    With `gateway.workers` > 1 this process is worker 0 (`entrypoints/workers.py`); `engine_spec`
+    (`module:attribute`) builds the engine of every worker, this one's included (a benchmark's fake)."""
     from clawr1.datapool import open_pool
-    from clawr1.engine import load_engine
     from clawr1.entrypoints.server import make_server, run_server, tune_gc
+    from clawr1.entrypoints.workers import Workers, load_engine_from, socket_of
     from clawr1.gateway.app import create_app
 
     note = check_exposure(config)
-    engine = engine or load_engine(config)
+    if config.gateway.workers > 1 and (engine is not None or pool is not None):
+        raise ValueError("gateway.workers > 1 runs every worker on the configured engine and pool; "
+                         "under Ray, scale the engine with ray.replicas instead")
+    engine = engine or load_engine_from(engine_spec, config)
     pool = pool or open_pool(config)
-    app = create_app(engine, pool, config)
-    tune_gc()
     gw = config.gateway
-    server = make_server(app, gw.host, gw.port, tls_cert=gw.tls_cert, tls_key=gw.tls_key)
+    crew = Workers(config, engine_spec) if gw.workers > 1 else None
+    app = create_app(engine, pool, config, internal_key=crew.key if crew else None)
+    tune_gc()
 
     def started(port: int) -> None:
         if on_ready is not None:
@@ -46,9 +51,25 @@ async def serve(config: Config, on_ready: Callable[[int, str], None] | None = No
         else:
             log.warning("gateway on %s:%d; %s", gw.host, port, note)
 
+    jobs = workers(app.state.gateway) if workers else []
+    if crew is None:
+        server = make_server(app, gw.host, gw.port, tls_cert=gw.tls_cert, tls_key=gw.tls_key)
+    else:  # worker 0 on its socket; the front owns the port
+        app.state.gateway.served_path().unlink(missing_ok=True)  # a past run's: followers wait for ours
+        socket_of(config, 0).unlink(missing_ok=True)
+        server = make_server(app, uds=str(socket_of(config, 0)))
+
+        async def front() -> None:
+            started(await crew.port())
+            await crew.supervise()
+
+        jobs.append(front())
+        crew.start()
     try:
-        await run_server(server, workers(app.state.gateway) if workers else [], on_started=started)
+        await run_server(server, jobs, on_started=started if crew is None else None)
     finally:
+        if crew is not None:
+            await asyncio.to_thread(crew.stop)
         await engine.close()
         pool.close()
 

@@ -33,6 +33,10 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
             err_console.print("[red]error:[/red] trainer.backend = \"tinker\" runs without Ray (the service is the "
                               "scale-out): drop --ray")
             return 2
+        if config.gateway.workers > 1:
+            err_console.print("[red]error:[/red] gateway.workers > 1 runs each worker on the configured engine; "
+                              "under Ray, scale the engine with ray.replicas instead")
+            return 2
         if args.trainer_procs > 1:  # under Ray, the ranks are actors
             config = config.model_copy(update={"ray": config.ray.model_copy(
                 update={"trainer_ranks": args.trainer_procs})})

@@ -32,10 +32,12 @@ __all__ = ["Caller", "Gateway", "create_app", "new_id"]  # older imports of thes
 log = logging.getLogger(__name__)
 
 
-def create_app(engine: Engine, pool: DataPool, config: Config) -> HotRoutes:
+def create_app(engine: Engine, pool: DataPool, config: Config, worker: int = 0,
+               internal_key: str | None = None) -> HotRoutes:
     """The gateway's ASGI app: FastAPI with every route, behind `HotRoutes` (the plain generation
     routes through the metrics and error layers straight to the pipeline). `.state.gateway` is the
-    `Gateway`."""
+    `Gateway`. With `gateway.workers` > 1: this process's index, and the key the front process
+    asks `/internal/match` with."""
     from clawr1.gateway import (
         anthropic,
         areal,
@@ -49,7 +51,8 @@ def create_app(engine: Engine, pool: DataPool, config: Config) -> HotRoutes:
         rllm,
     )
 
-    gateway = Gateway(engine, pool, config)
+    gateway = Gateway(engine, pool, config, worker)
+    gateway.internal_key = internal_key
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -89,6 +92,10 @@ def create_app(engine: Engine, pool: DataPool, config: Config) -> HotRoutes:
     app.include_router(lightning.router)
     app.include_router(metrics_router)
     app.include_router(dashboard.router)
+    if config.gateway.workers > 1:
+        from clawr1.gateway import internal
+
+        app.include_router(internal.router)
     app.include_router(areal.router)  # last: its /{session_id}/... routes must not shadow others
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     hot = {"/v1/chat/completions": (chat.CHAT, chat.router), "/v1/completions": (completions.COMPLETIONS,

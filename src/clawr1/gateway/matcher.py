@@ -148,19 +148,24 @@ class HistoryMatcher:
         written = _plain(text_of(summary.get("content"), "content"))
         if len(written) < 16:  # too short to identify a session by containment
             return None
-        transcript = _plain(" ".join(text_of(m.get("content"), "content") for m in messages))
-        held = [s for s, (owner, reply, _) in self._last.items() if owner == tenant and reply and reply in transcript]
-        if len(held) > 1:
-            held = [s for s in held if self._last[s][2] and self._last[s][2] in transcript]
-        if len(held) != 1:
+        session_id = self.summarised(tenant, messages)
+        if session_id is None:
             return None
-        [session_id] = held
         old = self._summary_keys.pop(session_id, None)
         if old is not None:
             self._summaries.pop(old, None)
         self._summaries[(tenant, written)] = session_id
         self._summary_keys[session_id] = (tenant, written)
         return session_id
+
+    def summarised(self, tenant: str, messages: list[dict[str, Any]]) -> str | None:
+        """The one open session a summarising call's transcript holds the last reply (and, to break
+        a tie, the last message) of; None when there is not exactly one."""
+        transcript = _plain(" ".join(text_of(m.get("content"), "content") for m in messages))
+        held = [s for s, (owner, reply, _) in self._last.items() if owner == tenant and reply and reply in transcript]
+        if len(held) > 1:
+            held = [s for s in held if self._last[s][2] and self._last[s][2] in transcript]
+        return held[0] if len(held) == 1 else None
 
     def record(self, tenant: str, session_id: str, messages: list[dict[str, Any]], reply: dict[str, Any],
                fps: list[str] | None = None) -> None:

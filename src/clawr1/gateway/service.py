@@ -21,8 +21,10 @@ from clawr1.core.types import EngineError
 from clawr1.datapool.base import DataPool
 from clawr1.engine import adapters
 from clawr1.engine.base import Engine
+from clawr1.engine.remote import RemoteEngine
 from clawr1.gateway import schema
 from clawr1.gateway.body import read_json
+from clawr1.gateway import dispatch
 from clawr1.gateway.errors import APIError, validate
 from clawr1.gateway.metrics import GatewayMetrics
 from clawr1.quality import QualityMeter
@@ -117,9 +119,15 @@ class Admission:
 
 
 class Gateway:
-    def __init__(self, engine: Engine, pool: DataPool, config: Config):
+    def __init__(self, engine: Engine, pool: DataPool, config: Config, worker: int = 0):
+        """`worker`: this process's index among `gateway.workers` (0, the leader, decides which
+        versions serve; the others follow it: `watch_versions`)."""
         self.engine, self.pool, self.config = engine, pool, config
-        self.sessions = SessionResolver(pool.last_turn)
+        self.worker, self.workers = worker, config.gateway.workers
+        if not 0 <= worker < self.workers:
+            raise ValueError(f"worker {worker} of {self.workers}")
+        owns = (lambda session_id: dispatch.owner(session_id, self.workers) == worker) if self.workers > 1 else None
+        self.sessions = SessionResolver(pool.last_turn, owns)
         self.admission = Admission(config, pool)
         self._session_keys: dict[str, tuple[str, str]] = {}  # key sha256 -> (tenant, session id)
         self._tasks: set[asyncio.Task] = set()  # background closes and settles, referenced until done
@@ -132,6 +140,7 @@ class Gateway:
         self.full = config.trainer.finetune == "full"  # versions are whole weights, not adapters
         self._meter: QualityMeter | None = None
         self.guard: Any = None  # the `Guard`, when it runs (`watch_versions`)
+        self.internal_key: str | None = None  # the front process's key (`gateway.workers` > 1)
 
     async def quality_meter(self) -> QualityMeter:
         """The quality measure (`clawr1.quality`) on this gateway's engine, loaded on first use (the
@@ -257,6 +266,8 @@ class Gateway:
         for session in self.pool.sessions(limit=limit):
             if session["status"] != "open" or session["updated_at"] < cutoff:
                 continue
+            if self.workers > 1 and dispatch.owner(session["session_id"], self.workers) != self.worker:
+                continue  # another gateway process serves it
             turns = self.pool.show(session["session_id"], session["tenant"])["steps"]
             mains = [t for t in turns if t["turn_type"] == "main"]
             if mains:
@@ -270,7 +281,18 @@ class Gateway:
     async def watch_versions(self) -> None:
         """Serve what the trainer publishes: LoRA versions through the guard (which, with
         `guard.enabled = false`, promotes each as published; the admin's rollback and pin work
-        either way), whole weights under full fine-tuning as soon as they appear."""
+        either way), whole weights under full fine-tuning as soon as they appear. With
+        `gateway.workers` > 1, worker 0 does that and tells the others (`announce`), which follow."""
+        if self.worker > 0:
+            await self.follow_leader()
+        elif self.workers > 1:
+            if isinstance(self.engine, RemoteEngine):  # followers may still run requests on a retired one
+                self.engine.retire_delay_s = self.config.gateway.request_timeout_s + 4 * self.config.gateway.adapter_poll_s
+            await asyncio.gather(self.announce(), self._decide_versions())
+        else:
+            await self._decide_versions()
+
+    async def _decide_versions(self) -> None:
         if self.full:
             await self.watch_weights()
             return
@@ -278,6 +300,64 @@ class Gateway:
 
         self.guard = Guard(self)
         await self.guard.run()
+
+    def served_path(self) -> Path:
+        """Where the leader writes what it serves, for the other gateway processes."""
+        return Path(self.config.data_dir) / "run" / "served.json"
+
+    def _served(self) -> dict[str, Any]:
+        root = Path(self.config.data_dir)
+        lines = {name: [version, str(adapters.version_dir(root / "adapters", name, version))]
+                 for name, version in self.engine.adapters().items() if "@" not in name}  # not a guard candidate
+        weights = self.engine.weights_version()
+        return {"adapters": lines, "weights": [weights, str(adapters.version_dir(root / "weights", POLICY, weights))]}
+
+    async def announce(self) -> None:
+        """The leader (`gateway.workers` > 1): write what it serves each time it changes."""
+        path, last = self.served_path(), None
+        while True:
+            served = self._served()
+            if served != last:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                await asyncio.to_thread(adapters.write_json, path, served)
+                last = served
+            await asyncio.sleep(self.config.gateway.adapter_poll_s / 2)
+
+    async def follow_leader(self) -> None:
+        """A follower: serve what the leader serves (`announce`), so every process answers a tenant
+        with the version the guard decided, within one poll. A local engine loads it itself; a
+        remote one adopts what the leader loaded on the shared server."""
+        path, failed = self.served_path(), None
+        while True:
+            served = await asyncio.to_thread(adapters.read_json, path)
+            if served is not None and served != failed:
+                try:
+                    await self._follow(served)
+                except EngineError as exc:  # tried again once the leader serves something else
+                    failed = served
+                    log.error("could not serve what the leader serves (%s): %s", served, exc)
+            await asyncio.sleep(self.config.gateway.adapter_poll_s / 2)
+
+    async def _follow(self, served: dict[str, Any]) -> None:
+        remote = isinstance(self.engine, RemoteEngine)
+        have = self.engine.adapters()
+        for name in set(have) | set(served["adapters"]):
+            version, where = served["adapters"].get(name, (0, ""))
+            if have.get(name, 0) == version:
+                continue
+            if remote:
+                self.engine.adopt(name, version)
+            elif version == 0:
+                await self.engine.unload_adapter(name)
+            else:
+                await self.engine.load_adapter(name, Path(where))
+            log.info("following the leader: serving %s v%d", name, version)
+        version, where = served["weights"]
+        if version != self.engine.weights_version():
+            if remote:
+                self.engine.adopt_weights(version)
+            else:
+                await self.engine.load_weights(Path(where))
 
     async def watch_weights(self) -> None:
         """Full fine-tuning: serve each newly published version of the whole weights (the engine
@@ -313,3 +393,5 @@ class Gateway:
                 continue
             for tenant, session_id in closed:
                 self.sessions.forget(tenant, session_id)
+            if self.workers > 1:  # another process may have closed this one's idle sessions
+                self.sessions.forget_idle(time.monotonic() - idle)

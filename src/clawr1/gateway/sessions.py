@@ -38,9 +38,12 @@ class Turn:
 
 
 class SessionResolver:
-    def __init__(self, last_turn: Callable[[str, str], int | None]):
-        """`last_turn(session_id, tenant)`: the highest stored turn index of a session, or None."""
+    def __init__(self, last_turn: Callable[[str, str], int | None], owns: Callable[[str], bool] | None = None):
+        """`last_turn(session_id, tenant)`: the highest stored turn index of a session, or None.
+        `owns(session_id)`: with several gateway processes, whether an id routes to this one; the
+        sessions it opens get such ids (`gateway/dispatch.py`)."""
         self.matcher = HistoryMatcher()
+        self._owns = owns
         self._last_turn = last_turn
         self._next_turn: dict[tuple[str, str], int] = {}
         self._seen: dict[tuple[str, str], float] = {}  # last request arrival (monotonic) per session
@@ -74,11 +77,17 @@ class SessionResolver:
             with self._lock:
                 match = self.matcher.find(tenant, messages, fps) if messages else None
             if match is None:
-                session_id, how = new_id("s-"), "new"
+                session_id, how = self._new_id(), "new"
             else:
                 session_id, how = match.session_id, ("compacted" if match.compacted else "matched")
             prompt_id = session_id
         return Turn(tenant, session_id, prompt_id, -1, turn_type, done, how, fps)  # type: ignore[arg-type]
+
+    def _new_id(self) -> str:
+        session_id = new_id("s-")
+        while self._owns is not None and not self._owns(session_id):  # n tries on average with n processes
+            session_id = new_id("s-")
+        return session_id
 
     def needs_lookup(self, who: Turn) -> bool:
         """A session this process has not numbered yet (a restart, a header id from yesterday)
@@ -113,6 +122,11 @@ class SessionResolver:
             with self._lock:
                 self.matcher.record_summary(turn.tenant, messages, reply)
 
+    def summarised(self, tenant: str, messages: list[dict[str, Any]]) -> str | None:
+        """The open session an agent's summarising call summarises, if this process holds it."""
+        with self._lock:
+            return self.matcher.summarised(tenant, messages)
+
     def restore(self, tenant: str, session_id: str, messages: list[dict[str, Any]], reply: dict[str, Any],
                 next_turn: int) -> None:
         """Re-learn an open session's last main turn from the pool (after a restart)."""
@@ -127,6 +141,15 @@ class SessionResolver:
             self.matcher.forget(session_id)
             self._next_turn.pop((tenant, session_id), None)
             self._seen.pop((tenant, session_id), None)
+
+    def forget_idle(self, before_monotonic: float) -> list[tuple[str, str]]:
+        """Forget the sessions with no request since `before` (another process may have closed them
+        in the pool); returns them."""
+        with self._lock:
+            idle = [key for key, seen in self._seen.items() if seen < before_monotonic]
+        for tenant, session_id in idle:
+            self.forget(tenant, session_id)
+        return idle
 
     def active_since(self, since_monotonic: float) -> set[tuple[str, str]]:
         """Sessions with a request arrived after `since`: in use, even if no step is stored yet."""

@@ -44,6 +44,18 @@ class GatewayConfig(_Section):
     off then). Off: the step is committed just after the reply went out, and a kill -9 under load
     loses some (~9% of the replies of a 0.2-0.8 s burst in the bench)."""
 
+    workers: int = Field(1, ge=1, le=64)
+    """Gateway processes on the one port, for more than one core's worth of requests: a front
+    process routes each request to the worker that holds its session (`gateway/dispatch.py`).
+    Worker 0 also runs the background jobs and decides what version serves; the others follow it.
+    Each has its own engine client (with the local engine, its own copy of the model: meant for
+    `engine.backend` vllm or sglang) and its own `max_pending`."""
+
+    fronts: int = Field(1, ge=1, le=64)
+    """Front processes on the port with `workers` > 1 (SO_REUSEPORT: the kernel spreads connections
+    over them). Routing needs no shared state, so they scale as the workers do; one forwards about
+    as fast as a bare proxy, roughly two workers' worth of requests."""
+
     max_pending: int = Field(256, ge=1, le=100_000)
     """Requests being served or recorded at once; beyond it new requests get 429, so a slow pool
     never makes the gateway lose data silently."""

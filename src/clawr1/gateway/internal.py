@@ -1,0 +1,47 @@
+"""`POST /internal/match`, on a worker of `gateway.workers` only: which open session a request
+would continue (or, for an agent's summarising call, summarises), asked by the front process when
+the request's first message no longer says where its session lives (`dispatch.Route.ask`: a
+compaction). Nothing is numbered or stored. It needs the front's key (`x-clawr1-internal`) and
+the caller's own key, as the request would."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from clawr1.gateway.anthropic import MESSAGES
+from clawr1.gateway.body import read_json
+from clawr1.gateway.chat import CHAT
+from clawr1.gateway.errors import APIError, validate
+from clawr1.gateway.matcher import is_summariser_call
+from clawr1.gateway.pipeline import Wire, body_session_fields
+from clawr1.gateway.responses import RESPONSES
+from clawr1.gateway.service import Gateway
+
+KEY_HEADER = "x-clawr1-internal"
+PATH_HEADER = "x-clawr1-path"  # the path the client asked for: which wire format the body is
+WIRES: dict[str, Wire] = {"/v1/chat/completions": CHAT, "/chat/completions": CHAT, "/v1/messages": MESSAGES,
+                          "/v1/responses": RESPONSES, "/responses": RESPONSES}
+
+router = APIRouter()
+
+
+@router.post("/internal/match", include_in_schema=False)
+async def match(request: Request) -> dict[str, Any]:
+    gw: Gateway = request.app.state.gateway
+    given = request.headers.get(KEY_HEADER, "")
+    if gw.internal_key is None or not hmac.compare_digest(given.encode(), gw.internal_key.encode()):
+        raise APIError(401, "internal route", code="invalid_api_key")
+    wire = WIRES.get(request.headers.get(PATH_HEADER, ""))
+    if wire is None:
+        return {"session_id": None}
+    caller = await gw.caller(wire.token(request))
+    body = await read_json(request, gw.config.gateway.max_body_bytes, gw.config.gateway.max_json_depth)
+    headers = body_session_fields(body, {k.lower(): v for k, v in request.headers.items()})
+    job = wire.prepare(gw, validate(wire.request_model, body), caller, headers, None)
+    if is_summariser_call(job.messages):
+        return {"session_id": gw.sessions.summarised(caller.tenant, job.messages)}
+    who = gw.sessions.identify(caller.tenant, job.messages, headers, None, caller.session_id)
+    return {"session_id": who.session_id if who.how in ("matched", "compacted") else None}
