@@ -92,10 +92,13 @@ class Server:
             except OSError:  # a process that ended meanwhile
                 continue
             stats[int(stat.parent.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])))  # ppid, utime + stime
-        tree, total = {self.proc.pid}, 0
-        for pid, (ppid, _) in sorted(stats.items()):  # children have higher pids than their parents here
-            if ppid in tree:
-                tree.add(pid)
+        tree, grown = {self.proc.pid}, True
+        while grown:  # descendants, whatever their pids
+            grown = False
+            for pid, (ppid, _) in stats.items():
+                if ppid in tree and pid not in tree:
+                    tree.add(pid)
+                    grown = True
         total = sum(stats[pid][1] for pid in tree if pid in stats)
         return total / os.sysconf("SC_CLK_TCK")
 

@@ -343,6 +343,7 @@ def test_a_batch_failure_after_a_row_finished_answers_each_request_once(tiny_mod
     assert pending == 0
 
 
+@pytest.mark.system  # a whole Python process with the model (~5 s): the system tier's kind of test
 def test_a_process_that_exits_while_the_engine_decodes_exits_cleanly(tiny_model_dir, tmp_path):
     """Interrupted before `close()` ended (or never closed), a process used to abort at exit: the
     scheduler thread, a daemon, was unwound inside torch's C++ code ("terminate called without an

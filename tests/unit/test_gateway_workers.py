@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import time
 
 import pytest
 from fastapi.routing import APIRoute
@@ -23,6 +24,7 @@ from clawr1.gateway.matcher import SUMMARISER_PROMPTS
 from clawr1.gateway.service import Gateway
 from clawr1.gateway.sessions import SessionResolver
 from tests.conftest import run
+from tests.gateway_helpers import wait_for
 from tests.sglang_fake import sglang_app
 from tests.unit.test_adapters import make_adapter
 from tests.unit.test_compaction import OPENCLAW_SUMMARY, SYSTEM
@@ -55,6 +57,9 @@ def test_the_front_reads_every_routes_session_as_the_route_does(engine, tmp_path
                 expected = None
             assert path_session(path) == expected, r.path
             checked += bool(params)
+            if "prompt_id" in params:  # a trajectory may be named like a fixed route
+                for word in ("chat", "rl", "completions", "metrics", "admin"):
+                    assert path_session(r.path.format(**{**IDS, "session_id": word})) == word, (r.path, word)
         assert checked >= 20
     finally:
         pool.close()
@@ -79,6 +84,14 @@ def test_a_stock_conversation_stays_on_one_worker_that_names_its_session_for_its
         assert len(workers) == 1  # every turn repeats the first user message
         conversations.append(workers.pop())
     assert set(collections.Counter(conversations)) == {0, 1, 2, 3}  # and conversations spread
+    # A client that marks its latest message for caching (Claude Code) moves the marker off the
+    # first message after turn one: the route stays.
+    marked = [{"role": "user", "content": [{"type": "text", "text": "Fix the bug", "cache_control": {"type": "ephemeral"}},
+                                           {"type": "text", "text": " in main.py"}]}]
+    later = [{"role": "user", "content": [{"type": "text", "text": "Fix the bug"}, {"type": "text", "text": " in main.py"}]},
+             {"role": "assistant", "content": "Done."}, {"role": "user", "content": "Thanks"}]
+    routes = {route("POST", "/v1/messages", {}, {"messages": m}, 8, 0).worker for m in (marked, later)}
+    assert len(routes) == 1
     # The worker that opens the session names it so that routing by its id finds that worker too.
     for index in range(4):
         resolver = SessionResolver(lambda session, tenant: None, owns=lambda s, i=index: owner(s, 4) == i)
@@ -194,3 +207,102 @@ def test_a_follower_with_its_own_engine_loads_what_the_leader_serves_and_drops_w
         assert own_engine.adapters() == {}
     finally:
         pool.close()
+
+
+# ---- the front process, in-process against two echo workers on Unix sockets ----------------------
+
+def echo_app(index: int):
+    """A worker that says who it is and what it got (body size, headers)."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route as Path_
+
+    async def echo(request):
+        body = await request.body()
+        return JSONResponse({"worker": index, "bytes": len(body), "headers": dict(request.headers)})
+
+    async def healthz(request):
+        return JSONResponse({"ok": True})
+
+    return Starlette(routes=[Path_("/healthz", healthz), Path_("/{rest:path}", echo, methods=["GET", "POST"])])
+
+
+@contextlib.contextmanager
+def front_over(tmp_path, workers: int = 2, max_body: int = 8 * 1024 * 1024):
+    """A `Front` serving on a free port in a thread of its own, over `workers` echo apps (None for
+    one that is down); yields its base URL."""
+    import socket
+    import threading
+
+    from clawr1.entrypoints.front import Front, serve
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    sockets = [tmp_path / f"w{i}.sock" for i in range(workers)]
+    servers = [make_server(echo_app(i), uds=str(path)) for i, path in enumerate(sockets)]
+    with contextlib.ExitStack() as stack:
+        for i, server in enumerate(servers):
+            stack.enter_context(in_thread(server, server.serve, name=f"echo-{i}", start_timeout_s=30))
+        listener = socket.create_server(("127.0.0.1", 0))
+        stop, loop, done = None, None, threading.Event()
+
+        def main():
+            nonlocal stop, loop
+
+            async def go():
+                nonlocal stop, loop
+                stop, loop = asyncio.Event(), asyncio.get_running_loop()
+                await serve(Front(sockets, max_body, 64, "k"), listener, tmp_path / "ready", None, 30, stop)
+
+            asyncio.run(go())
+            done.set()
+
+        thread = threading.Thread(target=main, daemon=True)
+        thread.start()
+        deadline = 300
+        while not (tmp_path / "ready").exists() and deadline:
+            deadline -= 1
+            threading.Event().wait(0.05)
+        try:
+            yield f"http://127.0.0.1:{listener.getsockname()[1]}", servers
+        finally:
+            loop.call_soon_threadsafe(stop.set)
+            done.wait(30)
+
+
+def test_the_front_passes_whole_bodies_and_headers_and_says_what_went_wrong_in_the_routes_shape(tmp_path):
+    import httpx
+
+    with front_over(tmp_path) as (base, _):
+        big = "x" * (3 * 1024 * 1024)  # read past what aiohttp buffers at once
+        reply = httpx.post(f"{base}/v1/chat/completions", timeout=30, headers={
+            "X-Clawr1-Internal": "forged", "x-CLAWR1-path": "/v1/messages", "X-Session-Id": "s1"},
+            json={"messages": [{"role": "user", "content": big}]})
+        assert reply.status_code == 200 and reply.json()["worker"] == owner("s1", 2)
+        got = reply.json()
+        assert got["bytes"] > 3 * 1024 * 1024  # the whole body
+        assert "x-clawr1-internal" not in got["headers"] and "x-clawr1-path" not in got["headers"]
+        assert got["headers"]["x-session-id"] == "s1"
+        assert httpx.get(f"{base}/metrics?worker=1").json()["worker"] == 1
+        bad = httpx.get(f"{base}/metrics?worker=7")
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "worker"
+    with front_over(tmp_path / "small", max_body=1024) as (base, _):
+        too_big = httpx.post(f"{base}/v1/chat/completions", content=b"{" + b" " * 4096 + b"}",
+                             headers={"content-type": "application/json"})
+        assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "request_too_large"
+        anthropic = httpx.post(f"{base}/v1/messages", content=b"{" + b" " * 4096 + b"}")
+        assert anthropic.status_code == 413 and anthropic.json()["type"] == "error"  # Anthropic's shape
+
+
+def test_a_worker_that_is_gone_is_a_502_in_json_not_a_crash(tmp_path):
+    import httpx
+
+    with front_over(tmp_path) as (base, servers):
+        sid = next(f"s{n}" for n in range(100) if owner(f"s{n}", 2) == 1)
+        assert httpx.post(f"{base}/v1/chat/completions", headers={"X-Session-Id": sid}, json={}).status_code == 200
+        servers[1].stop()  # worker 1 goes away (it died, or restarts)
+        wait_for(lambda: not servers[1].started or servers[1].should_exit, what="worker 1 to stop")
+        time.sleep(0.3)
+        reply = httpx.post(f"{base}/v1/chat/completions", headers={"X-Session-Id": sid}, json={}, timeout=30)
+        assert reply.status_code == 502 and reply.json()["error"]["code"] == "worker_unavailable", reply.text
+        other = next(f"s{n}" for n in range(100) if owner(f"s{n}", 2) == 0)
+        assert httpx.post(f"{base}/v1/chat/completions", headers={"X-Session-Id": other}, json={}).status_code == 200

@@ -10,7 +10,7 @@ behind the same methods later. Writes return after they are durable, never befor
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,10 +124,12 @@ class PoolQueue(ABC):
         (`session_by_key` finds it again after a restart). False if it already existed."""
 
     @abstractmethod
-    def close_idle(self, idle_s: float, keep: Iterable[tuple[str, str]] = ()) -> list[tuple[str, str]]:
+    def close_idle(self, idle_s: float, keep: Iterable[tuple[str, str]] = (),
+                   mine: Callable[[str], bool] | None = None) -> list[tuple[str, str]]:
         """Close (as `close_session` without outcome, reason `idle`) every open session with no
         stored activity for `idle_s` seconds, except the (tenant, session_id)s in `keep` (a gateway
-        passes those with a request in flight); returns the ones closed."""
+        passes those with a request in flight) and, given `mine`, those whose id it refuses (with
+        `gateway.workers`, each process closes only the sessions it serves); returns the ones closed."""
 
     @abstractmethod
     def add_feedback(self, *, tenant: str = DEFAULT_TENANT, session_id: str | None = None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Callable
 from typing import Any
 
 from clawr1.core.config import PoolConfig
@@ -329,11 +330,13 @@ def open_session(conn: sqlite3.Connection, tenant: str, session_id: str, key_has
     return created
 
 
-def close_idle(conn: sqlite3.Connection, idle_before: float, keep: set[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Close every open session with no activity since `idle_before`, except those in `keep`;
-    returns the (tenant, session_id)s closed."""
+def close_idle(conn: sqlite3.Connection, idle_before: float, keep: set[tuple[str, str]],
+               mine: Callable[[str], bool] | None = None) -> list[tuple[str, str]]:
+    """Close every open session with no activity since `idle_before`, except those in `keep` and,
+    given `mine`, those it refuses; returns the (tenant, session_id)s closed."""
     idle = [tuple(row) for row in conn.execute("SELECT tenant, session_id FROM sessions WHERE status = 'open' "
-                                               "AND updated_at < ?", (idle_before,)) if tuple(row) not in keep]
+                                               "AND updated_at < ?", (idle_before,))
+            if tuple(row) not in keep and (mine is None or mine(row[1]))]
     for tenant, session_id in idle:
         close_session(conn, tenant, session_id, None, "idle")
     return idle

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import uuid
 from abc import abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import replace
 from functools import partial
@@ -95,8 +95,9 @@ class SQLPool(DataPool):
             raise ValueError("session_id and tenant must be non-empty")
         return self._writer.run(partial(ops.open_session, tenant=tenant, session_id=session_id, key_hash=key_hash))
 
-    def close_idle(self, idle_s: float, keep: Iterable[tuple[str, str]] = ()) -> list[tuple[str, str]]:
-        return self._writer.run(partial(ops.close_idle, idle_before=ops.clock() - idle_s, keep=set(keep)))
+    def close_idle(self, idle_s: float, keep: Iterable[tuple[str, str]] = (),
+                   mine: Callable[[str], bool] | None = None) -> list[tuple[str, str]]:
+        return self._writer.run(partial(ops.close_idle, idle_before=ops.clock() - idle_s, keep=set(keep), mine=mine))
 
     def add_feedback(self, *, tenant: str = DEFAULT_TENANT, session_id: str | None = None,
                      turn_index: int | None = None, completion_id: str | None = None,

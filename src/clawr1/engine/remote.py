@@ -217,7 +217,8 @@ class RemoteEngine(Frontend, ABC):
         ago (an unload error is logged, not fatal)."""
         due = time.monotonic() - self.retire_delay_s
         for served in [s for s, when in self._retired.items() if self._holds[s] <= 0 and when <= due]:
-            del self._retired[served]
+            if self._retired.pop(served, None) is None:
+                continue  # another collect (one runs per release) took it meanwhile
             self._holds.pop(served, None)
             try:
                 await self._unload(served)

@@ -1,11 +1,11 @@
-"""The front process of `gateway.workers` > 1: it owns the public port and hands each request, bytes
-unchanged, to the gateway worker that holds its session (`gateway/dispatch.py`), over the workers'
-Unix sockets; replies (streams included) come back as they are produced. It authenticates
-nothing and stores nothing: the worker does both, as with one process.
+"""A front process of `gateway.workers` > 1: it accepts on the public port (a listening socket the
+leader bound and hands to every front) and passes each request, bytes unchanged, to the gateway
+worker that holds its session (`gateway/dispatch.py`), over the workers' Unix sockets; replies
+(streams included) come back as they are produced. It authenticates nothing and stores nothing:
+the worker does both, as with one process.
 
-`python -m clawr1.entrypoints.front --port P --socket run/gateway-0.sock --socket ...` (the
-internal key in `CLAWR1_INTERNAL_KEY`); it writes the port it listens on to `--ready` once every
-worker answers.
+`python -m clawr1.entrypoints.front --fd N --socket run/gateway-0.sock --socket ...` (the internal
+key in `CLAWR1_INTERNAL_KEY`); it writes the port to `--ready` once every worker answers.
 """
 
 from __future__ import annotations
@@ -17,23 +17,29 @@ import json
 import logging
 import os
 import signal
+import socket
 import ssl
 import time
 from pathlib import Path
 from typing import Any
 
-from aiohttp import ClientSession, ClientTimeout, UnixConnector, web
+from aiohttp import ClientConnectionError, ClientSession, ClientTimeout, UnixConnector, web
+from multidict import CIMultiDict
 
 from clawr1.entrypoints.workers import unless_orphaned
+from clawr1.gateway import anthropic_wire
 from clawr1.gateway.body import parse_json
 from clawr1.gateway.dispatch import Route, route
 from clawr1.gateway.errors import APIError, error_body
 from clawr1.gateway.internal import KEY_HEADER, PATH_HEADER
 
 log = logging.getLogger("clawr1.front")
-# Per-hop headers (RFC 9110 7.6.1) and the ones aiohttp writes itself for the body it sends.
-HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection",
-                 "content-length", "host"})
+# Per-hop headers (RFC 9110 7.6.1), the ones aiohttp writes itself for the body it sends, and the
+# front's own to a worker (a client's copy of those is dropped, whatever its case).
+DROP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection",
+                  "content-length", "host", KEY_HEADER, PATH_HEADER})
+ASK_TIMEOUT_S = 5.0  # how long the workers may take to say who holds a compacted conversation
+HEADER_LIMIT = 65536  # request line and header field sizes accepted (aiohttp's default is 8 KiB)
 
 
 class Front:
@@ -46,8 +52,10 @@ class Front:
     async def start(self, wait_s: float) -> None:
         """One connection pool per worker; returns once every worker answers `/healthz`."""
         timeout = ClientTimeout(total=None, sock_connect=10)  # requests last as long as the worker lets them
-        self.clients = [ClientSession(connector=UnixConnector(path=str(s), limit=0), timeout=timeout,
-                                      auto_decompress=False) for s in self.sockets]
+        # Idle connections are dropped before the worker's keep-alive ends (uvicorn: 5 s), so a request
+        # never goes out on a connection the worker is closing.
+        self.clients = [ClientSession(connector=UnixConnector(path=str(s), limit=0, keepalive_timeout=3),
+                                      timeout=timeout, auto_decompress=False) for s in self.sockets]
         deadline = time.monotonic() + wait_s
         for i, client in enumerate(self.clients):
             while True:
@@ -55,7 +63,7 @@ class Front:
                     async with client.get("http://worker/healthz") as response:
                         if response.status == 200:
                             break
-                except OSError:  # not listening yet (aiohttp's connection errors are OSErrors)
+                except (OSError, ClientConnectionError):  # not listening yet
                     pass
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"gateway worker {i} did not answer on {self.sockets[i]} within {wait_s:.0f} s")
@@ -66,55 +74,70 @@ class Front:
             await client.close()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            raw = await self._body(request)
+            body = None
+            if raw and request.method == "POST":
+                try:
+                    body = parse_json(raw, self.max_depth)
+                except APIError:
+                    body = None  # the worker it goes to answers the same 400
+            headers = {k.lower(): v for k, v in request.headers.items()}
+            where = route(request.method, request.path, headers, body, len(self.clients), next(self.turns))
+            if request.path == "/metrics" and "worker" in request.query:
+                where = Route(self._worker_param(request.query["worker"]))  # one worker's own counters
+            worker = await self._holder(request, raw) if where.ask else None
+            return await self._forward(request, raw, where.worker if worker is None else worker)
+        except APIError as exc:
+            return _error(exc, request.path)
+
+    async def _body(self, request: web.Request) -> bytes:
+        """The whole body, at most `max_body` bytes (413 beyond, without reading the rest)."""
         declared = request.content_length
         if declared is not None and declared > self.max_body:
-            return _error(APIError(413, f"request body of {declared} bytes exceeds the limit of {self.max_body}",
-                                   code="request_too_large"))
-        raw = await request.content.read(self.max_body + 1)
-        if len(raw) > self.max_body:
-            return _error(APIError(413, f"request body exceeds the limit of {self.max_body} bytes",
-                                   code="request_too_large"))
-        body = None
-        if raw and request.method == "POST":
-            try:
-                body = parse_json(raw, self.max_depth)
-            except APIError:
-                body = None  # the worker it goes to answers the same 400
-        headers = {k.lower(): v for k, v in request.headers.items()}
-        where = route(request.method, request.path, headers, body, len(self.clients), next(self.turns))
-        if request.path == "/metrics" and request.query.get("worker", "").isdigit():
-            where = Route(int(request.query["worker"]) % len(self.clients))  # one worker's own counters
-        worker = await self._holder(request, raw) if where.ask else None
-        return await self._forward(request, raw, where.worker if worker is None else worker)
+            raise APIError(413, f"request body of {declared} bytes exceeds the limit of {self.max_body}",
+                           code="request_too_large")
+        chunks, size = [], 0
+        async for chunk in request.content.iter_any():
+            size += len(chunk)
+            if size > self.max_body:
+                raise APIError(413, f"request body exceeds the limit of {self.max_body} bytes", code="request_too_large")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _worker_param(self, value: str) -> int:
+        if not value.isdigit() or int(value) >= len(self.clients):
+            raise APIError(400, f"worker must be 0..{len(self.clients) - 1}", param="worker")
+        return int(value)
 
     async def _holder(self, request: web.Request, raw: bytes) -> int | None:
         """The worker whose history matcher holds the session of a compacted conversation, if any."""
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
+        headers = _forwarded(request)
         headers.update({KEY_HEADER: self.internal_key, PATH_HEADER: request.path})
 
         async def ask(client: ClientSession) -> bool:
-            async with client.post("http://worker/internal/match", data=raw, headers=headers) as response:
+            async with asyncio.timeout(ASK_TIMEOUT_S), client.post("http://worker/internal/match", data=raw,
+                                                                   headers=headers) as response:
                 return response.status == 200 and (await response.json()).get("session_id") is not None
 
         answers = await asyncio.gather(*(ask(c) for c in self.clients), return_exceptions=True)
         for i, answer in enumerate(answers):
-            if isinstance(answer, BaseException):
+            if isinstance(answer, BaseException):  # that worker is taken as not holding it
                 log.warning("worker %d could not say whether it holds a session: %r", i, answer)
             elif answer:
                 return i
         return None
 
     async def _forward(self, request: web.Request, raw: bytes, worker: int) -> web.StreamResponse:
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
         try:
             upstream = await self.clients[worker].request(request.method, "http://worker" + request.path_qs,
-                                                          headers=headers, data=raw)
-        except OSError as exc:  # nothing reached the worker: nothing was run or stored
-            log.error("gateway worker %d is unreachable: %r", worker, exc)
-            return _error(APIError(503, f"gateway worker {worker} is restarting; retry shortly",
-                                   code="worker_unavailable"))
+                                                          headers=_forwarded(request), data=raw)
+        except ClientConnectionError as exc:  # a worker restarting, or one that died with the request
+            log.error("gateway worker %d did not answer: %r", worker, exc)
+            raise APIError(502, f"gateway worker {worker} did not answer; retry shortly",
+                           code="worker_unavailable") from exc
         async with upstream:
-            out = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP}
+            out = CIMultiDict((k, v) for k, v in upstream.headers.items() if k.lower() not in DROP)
             if upstream.content_length is not None and "text/event-stream" not in upstream.headers.get("content-type", ""):
                 return web.Response(status=upstream.status, body=await upstream.read(), headers=out)
             response = web.StreamResponse(status=upstream.status, headers=out)
@@ -125,48 +148,62 @@ class Front:
             return response
 
 
-def _error(exc: APIError) -> web.Response:
-    return web.Response(status=exc.status, content_type="application/json",
-                        text=json.dumps(error_body(exc.status, exc.message, param=exc.param, code=exc.code)))
+def _forwarded(request: web.Request) -> CIMultiDict[str]:
+    """The client's headers for the worker: repeated ones kept, per-hop and the front's own dropped."""
+    return CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in DROP)
 
 
-async def serve(front: Front, host: str, port: int, ready: Path | None, tls: tuple[str, str] | None,
-                wait_s: float) -> None:
+def _error(exc: APIError, path: str) -> web.Response:
+    """In the shape the route's clients read: Anthropic's on `/v1/messages`, OpenAI's elsewhere."""
+    if path.endswith("/v1/messages"):
+        body = anthropic_wire.error_body(exc.status, exc.message, exc.code)
+    else:
+        body = error_body(exc.status, exc.message, param=exc.param, code=exc.code)
+    return web.Response(status=exc.status, content_type="application/json", text=json.dumps(body))
+
+
+async def serve(front: Front, listener: socket.socket, ready: Path | None, tls: tuple[str, str] | None,
+                wait_s: float, stop: asyncio.Event) -> None:
+    """Accept on `listener` until `stop` is set; `ready` gets the port once every worker answers."""
     await front.start(wait_s)
     app = web.Application(client_max_size=front.max_body + 1)
     app.router.add_route("*", "/{tail:.*}", front.handle)
     # A client that goes away cancels its handler, which closes the worker's connection: the worker
     # then stops generating and stores the step `aborted`, as when the client talks to it directly.
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
+                           max_line_size=HEADER_LIMIT, max_field_size=HEADER_LIMIT)
     await runner.setup()
     context = None
     if tls is not None:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(*tls)
-    # SO_REUSEPORT: `gateway.fronts` processes listen on the one port; the kernel spreads connections.
-    site = web.TCPSite(runner, host, port, ssl_context=context, backlog=2048, reuse_port=True)
-    await site.start()
-    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # port 0: the one given
+    await web.SockSite(runner, listener, ssl_context=context).start()
     if ready is not None:
         tmp = ready.with_name(ready.name + ".tmp")
-        tmp.write_text(str(bound))
+        tmp.write_text(str(listener.getsockname()[1]))
         tmp.replace(ready)
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
     try:
         await stop.wait()
     finally:
-        await runner.cleanup()
+        await runner.cleanup()  # in-flight requests finish (the workers are still up)
         await front.close()
+
+
+async def _main(args: argparse.Namespace) -> None:
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
+    front = Front(args.socket, args.max_body_bytes, args.max_json_depth, os.environ["CLAWR1_INTERNAL_KEY"])
+    listener = socket.socket(fileno=args.fd)  # bound and listening: the leader's
+    tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
+    await unless_orphaned(serve(front, listener, args.ready, tls, args.wait_s, stop))
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--fd", type=int, required=True, help="the listening socket, inherited from the leader")
     parser.add_argument("--socket", type=Path, action="append", required=True, help="a worker's Unix socket, in order")
-    parser.add_argument("--ready", type=Path, help="write the bound port here once serving")
+    parser.add_argument("--ready", type=Path, help="write the port here once serving")
     parser.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
     parser.add_argument("--max-json-depth", type=int, default=64)
     parser.add_argument("--tls-cert")
@@ -174,8 +211,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--wait-s", type=float, default=600.0, help="how long the workers may take to start")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s front %(levelname)s %(message)s")
-    front = Front(args.socket, args.max_body_bytes, args.max_json_depth, os.environ["CLAWR1_INTERNAL_KEY"])
-    tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
     loop_policy: Any = None
     try:
         import uvloop
@@ -185,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
         pass  # plain asyncio: slower, same behaviour
     if loop_policy is not None:
         asyncio.set_event_loop_policy(loop_policy)
-    asyncio.run(unless_orphaned(serve(front, args.host, args.port, args.ready, tls, args.wait_s)))
+    asyncio.run(_main(args))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from clawr1.core.config import Config
 from clawr1.entrypoints.console import err_console, say
+from clawr1.entrypoints.workers import ListenError
 from clawr1.gateway.server import UnsafeBindError, check_exposure
 
 if TYPE_CHECKING:  # the serving stack is imported when it serves, not when the CLI starts
@@ -38,10 +39,10 @@ async def serve(config: Config, on_ready: Callable[[int, str], None] | None = No
     if config.gateway.workers > 1 and (engine is not None or pool is not None):
         raise ValueError("gateway.workers > 1 runs every worker on the configured engine and pool; "
                          "under Ray, scale the engine with ray.replicas instead")
+    gw = config.gateway
+    crew = Workers(config, engine_spec) if gw.workers > 1 else None  # binds the port: before loading anything
     engine = engine or load_engine_from(engine_spec, config)
     pool = pool or open_pool(config)
-    gw = config.gateway
-    crew = Workers(config, engine_spec) if gw.workers > 1 else None
     app = create_app(engine, pool, config, internal_key=crew.key if crew else None)
     tune_gc()
 
@@ -54,18 +55,21 @@ async def serve(config: Config, on_ready: Callable[[int, str], None] | None = No
     jobs = workers(app.state.gateway) if workers else []
     if crew is None:
         server = make_server(app, gw.host, gw.port, tls_cert=gw.tls_cert, tls_key=gw.tls_key)
-    else:  # worker 0 on its socket; the front owns the port
+    else:  # worker 0 on its socket; the fronts own the port
         app.state.gateway.served_path().unlink(missing_ok=True)  # a past run's: followers wait for ours
         socket_of(config, 0).unlink(missing_ok=True)
+        # The fronts keep idle connections 3 s; uvicorn's default keep-alive (5 s) outlasts that.
         server = make_server(app, uds=str(socket_of(config, 0)))
+        server.before_shutdown = crew.stop_fronts  # Ctrl+C: no new requests first, then drain
 
-        async def front() -> None:
-            started(await crew.port())
+        async def fronts() -> None:
+            started(await crew.ready())
             await crew.supervise()
 
-        jobs.append(front())
-        crew.start()
+        jobs.append(fronts())
     try:
+        if crew is not None:
+            crew.start()
         await run_server(server, jobs, on_started=started if crew is None else None)
     finally:
         if crew is not None:
@@ -84,7 +88,7 @@ def cmd_serve(args: argparse.Namespace, config: Config) -> int:
 
     try:
         asyncio.run(serve(config, on_ready=ready))
-    except UnsafeBindError as exc:
+    except (UnsafeBindError, ListenError) as exc:
         err_console.print(f"[red]error:[/red] {exc}")
         return 2
     except KeyboardInterrupt:

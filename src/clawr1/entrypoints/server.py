@@ -39,6 +39,14 @@ class Server(uvicorn.Server):
 
     _wake: asyncio.Event | None = None
     _loop: asyncio.AbstractEventLoop | None = None
+    before_shutdown: Callable[[], None] | None = None
+    """Run (in a thread) as the shutdown begins, before uvicorn stops accepting and drains: the
+    front processes of `gateway.workers` stop taking requests first."""
+
+    async def shutdown(self, sockets: list[Any] | None = None) -> None:
+        if self.before_shutdown is not None:
+            await asyncio.to_thread(self.before_shutdown)
+        await super().shutdown(sockets)
 
     async def main_loop(self) -> None:
         # uvicorn's loop (`on_tick` every 0.1 s: the date header, `should_exit`), woken by `stop()`.

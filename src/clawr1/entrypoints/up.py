@@ -67,6 +67,7 @@ def _up_local(args: argparse.Namespace, config: Config, server: Any) -> int:
 
     from clawr1.entrypoints.serve import serve
     from clawr1.entrypoints.supervise import keep_running
+    from clawr1.entrypoints.workers import ListenError
     from clawr1.gateway.server import UnsafeBindError
     from clawr1.gateway.service import Gateway
     from clawr1.reward.worker import RewardWorker
@@ -126,7 +127,7 @@ def _up_local(args: argparse.Namespace, config: Config, server: Any) -> int:
 
         try:
             asyncio.run(serve(config, on_ready=ready, workers=jobs))
-        except UnsafeBindError as exc:
+        except (UnsafeBindError, ListenError) as exc:
             err_console.print(f"[red]error:[/red] {exc}")
             return 2
         except KeyboardInterrupt:

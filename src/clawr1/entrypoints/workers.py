@@ -4,11 +4,10 @@ The process that runs `serve` is worker 0, the leader: it serves its share on a 
 the background jobs (the judge, the trainer's supervisor, the guard that decides what version
 serves) and starts the rest, which it keeps running: the followers (`python -m
 clawr1.entrypoints.workers`, worker 1..N-1, each serving on its own socket and following the
-leader's versions) and the front process (`entrypoints/front.py`), which owns the public port and
-routes each request to the worker holding its session (`gateway.fronts` of them share the port).
-Sockets live in `<data_dir>/run/` (this
-user only); the followers read the resolved config, secrets included, from a file only this user
-can read, removed at the end.
+leader's versions) and the front processes (`entrypoints/front.py`, `gateway.fronts` of them), which
+accept on the public port (bound by the leader, shared by them all) and route each request to the
+worker holding its session. Sockets live in `<data_dir>/run/` (this user only); the followers get
+the resolved config, secrets included, through a pipe; their output goes to `run/workers.log`.
 """
 
 from __future__ import annotations
@@ -18,15 +17,17 @@ import asyncio
 import logging
 import os
 import secrets
+import socket
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Coroutine
+import tomllib
+from collections.abc import Callable, Coroutine
+from functools import partial
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from clawr1.core.config import Config, load_config, to_toml
+from clawr1.core.config import Config, to_toml
 from clawr1.entrypoints.supervise import keep_running
 
 if TYPE_CHECKING:
@@ -46,103 +47,145 @@ def socket_of(config: Config, index: int) -> Path:
     return run_dir(config) / f"gateway-{index}.sock"
 
 
+class ListenError(RuntimeError):
+    """The gateway's port cannot be bound (another process has it)."""
+
+
 class Workers:
-    """The followers and the front process of one `serve`, started and kept running by the leader."""
+    """The followers and the front processes of one `serve`, started and kept running by the leader."""
 
     def __init__(self, config: Config, engine_factory: str | None = None):
         self.config, self.engine_factory = config, engine_factory
+        gw = config.gateway
+        longest = socket_of(config, gw.workers - 1)
+        if len(str(longest).encode()) > 100:  # sun_path holds 108 bytes
+            raise ValueError(f"the data dir's path is too long for the workers' Unix sockets ({longest}); "
+                             "use a shorter data_dir")
         self.key = secrets.token_urlsafe(32)  # the front's key for `/internal/match`
         self.env = {**os.environ, "CLAWR1_INTERNAL_KEY": self.key}
+        # The followers' config, secrets included, goes through a pipe: nothing on disk to leak.
+        self.config_text = to_toml(config, secrets=True).encode()
         folder = run_dir(config)
-        with tempfile.NamedTemporaryFile("w", suffix=".toml", dir=folder, delete=False) as f:  # mode 0600
-            f.write(to_toml(config, secrets=True))
-        self.config_file = Path(f.name)
-        self.ready = folder / "front.port"
-        self.ready.unlink(missing_ok=True)
-        self.log: IO[bytes] = open(folder / "workers.log", "ab")  # noqa: SIM115 - closed in `stop`
+        self.log_path = folder / "workers.log"
+        self.log: IO[bytes] = open(self.log_path, "ab")  # noqa: SIM115 - closed in `stop`
+        # The port is bound here, once, without SO_REUSEPORT (a second gateway on it fails as one
+        # process would), and every front accepts on this one socket.
+        family, kind, proto, _, address = socket.getaddrinfo(gw.host, gw.port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        self.listener = socket.socket(family, kind, proto)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.listener.bind(address)
+        except OSError as exc:
+            self.listener.close()
+            raise ListenError(f"cannot listen on {gw.host}:{gw.port}: {exc.strerror}") from exc
+        self.listener.listen(2048)
+        self.listener.set_inheritable(True)
         self.followers: dict[int, subprocess.Popen] = {}
-        self.fronts: list[subprocess.Popen] = []
+        self.fronts: dict[int, subprocess.Popen] = {}
+        self.stopping = False
+
+    @property
+    def port(self) -> int:
+        return self.listener.getsockname()[1]
+
+    def ready_file(self, n: int) -> Path:
+        return run_dir(self.config) / f"front-{n}.port"
 
     def follower_argv(self, index: int) -> list[str]:
-        argv = [sys.executable, "-m", "clawr1.entrypoints.workers", "--config", str(self.config_file),
-                "--index", str(index)]
+        argv = [sys.executable, "-m", "clawr1.entrypoints.workers", "--index", str(index)]
         return argv + (["--engine", self.engine_factory] if self.engine_factory else [])
 
-    def start(self) -> None:
-        """The followers, and the first front (the others need its port: `port`)."""
-        for i in range(1, self.config.gateway.workers):
-            self.followers[i] = self._spawn(self.follower_argv(i))
-        self.fronts.append(self._spawn(self.front_argv(self.config.gateway.port, self.ready)))
-
-    def front_argv(self, port: int, ready: Path | None) -> list[str]:
+    def front_argv(self, n: int) -> list[str]:
         gw = self.config.gateway
-        argv = [sys.executable, "-m", "clawr1.entrypoints.front", "--host", gw.host, "--port", str(port),
-                "--max-body-bytes", str(gw.max_body_bytes), "--max-json-depth", str(gw.max_json_depth)]
+        argv = [sys.executable, "-m", "clawr1.entrypoints.front", "--fd", str(self.listener.fileno()),
+                "--ready", str(self.ready_file(n)), "--max-body-bytes", str(gw.max_body_bytes),
+                "--max-json-depth", str(gw.max_json_depth)]
         argv += [a for i in range(gw.workers) for a in ("--socket", str(socket_of(self.config, i)))]
-        argv += ["--ready", str(ready)] if ready is not None else []
         if gw.tls_cert is not None:
             argv += ["--tls-cert", str(gw.tls_cert), "--tls-key", str(gw.tls_key)]
         return argv
 
-    def _spawn(self, argv: list[str]) -> subprocess.Popen:
+    def start(self) -> None:
+        for i in range(1, self.config.gateway.workers):
+            self.followers[i] = self._follower(i)
+        for n in range(self.config.gateway.fronts):
+            self.ready_file(n).unlink(missing_ok=True)
+            self.fronts[n] = self._front(n)
+
+    def _front(self, n: int) -> subprocess.Popen:
+        return self._spawn(self.front_argv(n), pass_fds=(self.listener.fileno(),))
+
+    def _follower(self, index: int) -> subprocess.Popen:
+        process = self._spawn(self.follower_argv(index), stdin=subprocess.PIPE)
+        assert process.stdin is not None
+        process.stdin.write(self.config_text)
+        process.stdin.close()
+        return process
+
+    def _spawn(self, argv: list[str], **options: Any) -> subprocess.Popen:
         # Their own session: a Ctrl+C reaches the leader only, which stops them in order (`stop`);
         # each stops by itself should the leader die (`orphaned`).
         return subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
-                                start_new_session=True)
+                                start_new_session=True, **options)
 
-    async def port(self, timeout_s: float = 600.0) -> int:
-        """The port, once every front listens on it (the first waits for every worker to answer)."""
-        port = await self._ready(self.ready, self.fronts[0], timeout_s)
-        for n in range(1, self.config.gateway.fronts):
-            ready = self.ready.with_name(f"front-{n}.port")
-            ready.unlink(missing_ok=True)
-            self.fronts.append(self._spawn(self.front_argv(port, ready)))
-            await self._ready(ready, self.fronts[-1], timeout_s)
-        return port
-
-    async def _ready(self, ready: Path, front: subprocess.Popen, timeout_s: float) -> int:
+    async def ready(self, timeout_s: float = 600.0) -> int:
+        """The port, once every front serves (each waits for every worker to answer). A process
+        that exits meanwhile fails the start at once, with the end of its log."""
         deadline = time.monotonic() + timeout_s
-        while not ready.exists():
-            if front.poll() is not None:
-                raise RuntimeError(f"the gateway's front process exited; see {self.log.name}")
+        while not all(self.ready_file(n).exists() for n in self.fronts):
+            for name, process in [*((f"front {n}", p) for n, p in self.fronts.items()),
+                                  *((f"worker {i}", p) for i, p in self.followers.items())]:
+                if process.poll() is not None:
+                    raise RuntimeError(f"gateway {name} exited while starting; {self.log_path}:\n{self.tail()}")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the gateway workers did not start within {timeout_s:.0f} s; see {self.log.name}")
+                raise RuntimeError(f"the gateway workers did not start within {timeout_s:.0f} s; see {self.log_path}")
             await asyncio.sleep(0.05)
-        return int(ready.read_text())
+        return self.port
+
+    def tail(self, chars: int = 2000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
 
     async def supervise(self) -> None:
-        """A follower that exits is started again (its sessions' next turns resume from the pool);
-        a front exiting stops the whole gateway (the port it held could be taken)."""
-        async def follower(i: int) -> None:
-            if self.followers[i].poll() is not None:
-                self.followers[i] = await asyncio.to_thread(self._spawn, self.follower_argv(i))
-            while self.followers[i].poll() is None:
+        """A follower or front that exits is started again (a follower's sessions' next turns
+        resume from the pool; a front accepts on the same socket the others do)."""
+        async def watch(name: str, group: dict[int, subprocess.Popen], i: int, spawn: Callable[[int], subprocess.Popen]) -> None:
+            if group[i].poll() is not None:
+                group[i] = await asyncio.to_thread(spawn, i)
+            while group[i].poll() is None or self.stopping:  # stopping: they exit on purpose
                 await asyncio.sleep(1.0)
-            raise RuntimeError(f"gateway worker {i} exited with code {self.followers[i].returncode}")
+            raise RuntimeError(f"{name} exited with code {group[i].returncode} (see {self.log_path})")
 
-        async def front() -> None:
-            while all(f.poll() is None for f in self.fronts):
-                await asyncio.sleep(1.0)
-            raise RuntimeError(f"a gateway front process exited; see {self.log.name}")
+        await asyncio.gather(*(
+            keep_running(f"gateway {kind} {i}", partial(watch, f"gateway {kind} {i}", group, i, spawn), again_on_return=True)
+            for kind, group, spawn in (("worker", self.followers, self._follower), ("front", self.fronts, self._front))
+            for i in group))
 
-        await asyncio.gather(front(), *(keep_running(f"gateway worker {i}", lambda i=i: follower(i),
-                                                     again_on_return=True) for i in self.followers))
+    def stop_fronts(self) -> None:
+        """No new requests (called as the leader's shutdown begins); those in flight finish."""
+        self.stopping = True
+        _stop(list(self.fronts.values()))
+        self.listener.close()
 
     def stop(self) -> None:
-        """The fronts first (no new requests), then the followers (each drains as uvicorn does)."""
-        for group in (self.fronts, list(self.followers.values())):
-            for process in group:
-                process.terminate()
-            for process in group:
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-        self.config_file.unlink(missing_ok=True)
-        for path in [self.ready, *self.ready.parent.glob("front-*.port"),
+        """After the leader drained: the fronts (if still up), then the followers (each drains)."""
+        self.stop_fronts()
+        _stop(list(self.followers.values()))
+        for path in [*(self.ready_file(n) for n in self.fronts),
                      *(socket_of(self.config, i) for i in range(self.config.gateway.workers))]:
             path.unlink(missing_ok=True)
         self.log.close()
+
+
+def _stop(processes: list[subprocess.Popen]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
 async def orphaned(poll_s: float = 1.0) -> None:
@@ -197,15 +240,15 @@ async def follow(config: Config, index: int, engine_spec: str | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="one follower of gateway.workers (started by `clawr1 serve`/`up`)")
-    parser.add_argument("--config", type=Path, required=True)
+    parser = argparse.ArgumentParser(description="one follower of gateway.workers (started by `clawr1 serve`/`up`; "
+                                                 "its config, as TOML, on stdin)")
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--engine", help="module:attribute building the engine (default: the configured one)")
     args = parser.parse_args(argv)
     from clawr1.cli import logs
     from clawr1.entrypoints.console import err_console
 
-    config = load_config(args.config)
+    config = Config.model_validate(tomllib.loads(sys.stdin.read()))
     logs.configure(config.log_format, logs.secrets_of(config), console=err_console)  # secrets redacted
     try:
         asyncio.run(unless_orphaned(follow(config, args.index, args.engine)))

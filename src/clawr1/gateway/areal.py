@@ -35,7 +35,6 @@ from clawr1.gateway.errors import APIError
 from clawr1.gateway.pipeline import Wire, handle
 from clawr1.gateway.responses import RESPONSES
 from clawr1.gateway.service import Caller, Gateway
-from clawr1.gateway.sessions import new_session_key
 
 router = APIRouter()
 MAX_SESSIONS_PER_TASK = 100_000
@@ -81,9 +80,9 @@ async def start_session(request: Request) -> dict[str, Any]:
     body = await gw.read(request, StartSession)
     if body.api_key is not None:
         raise APIError(400, "reusing a session key is not supported: omit api_key for a fresh one", param="api_key")
-    key, digest = new_session_key()
     for n in range(MAX_SESSIONS_PER_TASK):
         session_id = f"{body.task_id}-{n}"
+        key, digest = gw.new_session_key(session_id)  # routes where the id does (`gateway.workers`)
         if await asyncio.to_thread(gw.pool.open_session, session_id, tenant=tenant, key_hash=digest):
             break
     else:

@@ -23,11 +23,14 @@ router = APIRouter()
 class Chat(Wire):
     request_model = schema.ChatRequest
 
+    def messages(self, req: schema.ChatRequest) -> list[dict[str, Any]]:
+        return [m.model_dump(exclude_unset=True) for m in req.messages]
+
     def prepare(self, gw: Gateway, req: schema.ChatRequest, caller: Caller, headers: dict[str, str],
                 path_ids: tuple[str, str] | None) -> Job:
         if req.stream and req.n > 1:
             raise APIError(400, "n > 1 is not supported with stream=true", param="n")
-        messages = [m.model_dump(exclude_unset=True) for m in req.messages]
+        messages = self.messages(req)
         tools = req.tool_dicts()
         prompt = gw.engine.render(messages, tools)
         samplings = [req.sampling(gw.config.engine.default_max_tokens, i) for i in range(req.n)]

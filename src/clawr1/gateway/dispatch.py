@@ -44,7 +44,8 @@ def owner(key: str, workers: int) -> int:
 
 
 def path_session(path: str) -> str | None:
-    """The session id a URL names, the way the gateway's routes read it (tests check every route)."""
+    """The session id a URL names, the way the gateway's routes read it (tests check every route).
+    The shapes with a prompt id come first: a trajectory may be called `chat` or `rl`."""
     seg = path.strip("/").split("/")
     if len(seg) < 2 or not seg[0]:
         return None
@@ -52,11 +53,13 @@ def path_session(path: str) -> str | None:
         return seg[1]  # rLLM: /sessions/{id}/v1/...
     if seg[0] == "rollout" and len(seg) > 4 and seg[2] == "attempt":
         return f"{seg[1]}:{seg[3]}"  # Agent Lightning: /rollout/{r}/attempt/{a}/...
-    if seg[0] == "v1" and len(seg) > 3 and seg[1] == "sessions":
-        return seg[2]  # /v1/sessions/{id}/close
+    if seg[0] == "v1":  # fixed routes (the gateway refuses "v1" as an id), and /v1/sessions/{id}/close
+        return seg[2] if len(seg) > 3 and seg[1] == "sessions" else None
+    if (len(seg) > 3 and seg[2] == "v1") or seg[2:] in (["chat", "completions"], ["completions"], ["responses"]):
+        return seg[0]  # /{session}/{prompt}/v1/..., /{session}/{prompt}/chat/completions, ...
     if seg[0] in FIXED:
         return None
-    return seg[0]  # /{session}/{prompt}/v1/..., AReaL's /{session}/chat/completions and /{session}/rl/...
+    return seg[0]  # AReaL's /{session}/chat/completions, /{session}/completions, /{session}/rl/...
 
 
 def bearer(headers: Any) -> str:
@@ -66,8 +69,9 @@ def bearer(headers: Any) -> str:
 
 
 def first_user_text(body: Any) -> str | None:
-    """The first user message of a chat, Anthropic or Responses body, as JSON-stable text; None
-    when it has none (a completion, a malformed body: the worker answers those)."""
+    """The first user message of a chat, Anthropic or Responses body, as its text (parts joined,
+    so a client moving its cache marker off the message from one turn to the next keeps its
+    route); None when it has none (a completion, a malformed body: the worker answers those)."""
     if not isinstance(body, dict):
         return None
     items = body.get("messages")
@@ -79,22 +83,17 @@ def first_user_text(body: Any) -> str | None:
         return None
     for item in items:
         if isinstance(item, dict) and item.get("role") == "user":
-            content = item.get("content")
-            if isinstance(content, str):
-                return content
-            if isinstance(content, list) and content and isinstance(content[0], dict):
-                text = content[0].get("text")  # OpenClaw sends one text part
-                if isinstance(text, str) and len(content) == 1:
-                    return text
-            return repr(content)
+            return _text(item.get("content"))
     return None
 
 
 def _text(content: Any) -> str:
+    """The text of a string or of a list of parts (`text` fields only: images, cache markers and
+    other fields say nothing about which conversation this is)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text", ""), str))
+        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     return ""
 
 

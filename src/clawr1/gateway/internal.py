@@ -40,8 +40,8 @@ async def match(request: Request) -> dict[str, Any]:
     caller = await gw.caller(wire.token(request))
     body = await read_json(request, gw.config.gateway.max_body_bytes, gw.config.gateway.max_json_depth)
     headers = body_session_fields(body, {k.lower(): v for k, v in request.headers.items()})
-    job = wire.prepare(gw, validate(wire.request_model, body), caller, headers, None)
-    if is_summariser_call(job.messages):
-        return {"session_id": gw.sessions.summarised(caller.tenant, job.messages)}
-    who = gw.sessions.identify(caller.tenant, job.messages, headers, None, caller.session_id)
+    messages = wire.messages(validate(wire.request_model, body))  # not rendered: no tokenising here
+    if is_summariser_call(messages):
+        return {"session_id": gw.sessions.summarised(caller.tenant, messages)}
+    who = gw.sessions.identify(caller.tenant, messages, headers, None, caller.session_id)
     return {"session_id": who.session_id if who.how in ("matched", "compacted") else None}

@@ -17,7 +17,6 @@ from clawr1.datapool.base import UnknownSessionError, UnknownStepError
 from clawr1.gateway.service import Caller, Gateway
 from clawr1.gateway.errors import APIError
 from clawr1.gateway.schema import check_id, request_body
-from clawr1.gateway.sessions import new_session_key
 
 router = APIRouter()
 
@@ -118,7 +117,7 @@ async def create_session(request: Request) -> dict[str, Any]:
     gw.require_admin(request)
     body = await gw.read(request, NewSession)
     session_id = body.session_id or "s-" + uuid.uuid4().hex[:16]
-    key, digest = new_session_key()
+    key, digest = gw.new_session_key(session_id)
     tenant = body.tenant
     if not await asyncio.to_thread(gw.pool.open_session, session_id, tenant=tenant, key_hash=digest):
         raise APIError(409, f"session {session_id!r} already exists", param="session_id", code="session_exists")

@@ -75,6 +75,10 @@ class Wire(ABC):
         auth = request.headers.get("authorization", "")
         return auth[7:].strip() if auth.startswith("Bearer ") else ""
 
+    def messages(self, req: Any) -> list[dict[str, Any]]:
+        """The request's conversation, chat-shaped (what sessions are matched and recorded by)."""
+        return req.chat_messages()
+
     @abstractmethod
     def prepare(self, gw: Gateway, req: Any, caller: Caller, headers: dict[str, str],
                 path_ids: tuple[str, str] | None) -> Job:

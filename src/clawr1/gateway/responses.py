@@ -29,7 +29,7 @@ class Responses(Wire):
     def prepare(self, gw: Gateway, req: wire.ResponsesRequest, caller: Caller, headers: dict[str, str],
                 path_ids: tuple[str, str] | None) -> Job:
         req.refuse_state()
-        return chat_job(gw, req, caller, new_id("resp_"), req.chat_messages(), req.chat_tools(),
+        return chat_job(gw, req, caller, new_id("resp_"), self.messages(req), req.chat_tools(),
                         req.sampling(gw.config.engine.default_max_tokens), headers, path_ids)
 
     def body(self, ex: Exchange, gens: list[Generation], parsed: list[ParsedCompletion]) -> dict[str, Any]:

@@ -22,13 +22,12 @@ from clawr1.datapool.base import DataPool
 from clawr1.engine import adapters
 from clawr1.engine.base import Engine
 from clawr1.engine.remote import RemoteEngine
-from clawr1.gateway import schema
+from clawr1.gateway import dispatch, schema
 from clawr1.gateway.body import read_json
-from clawr1.gateway import dispatch
 from clawr1.gateway.errors import APIError, validate
 from clawr1.gateway.metrics import GatewayMetrics
 from clawr1.quality import QualityMeter
-from clawr1.gateway.sessions import SESSION_KEY_PREFIX, SessionResolver, Turn, hash_key
+from clawr1.gateway.sessions import SESSION_KEY_PREFIX, SessionResolver, Turn, hash_key, new_session_key
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -212,6 +211,15 @@ class Gateway:
                 bound = self._session_keys[digest] = (found[0], found[1])
         return bound
 
+    def new_session_key(self, session_id: str) -> tuple[str, str]:
+        """A fresh per-session key for `session_id` and its sha256 (`sessions.new_session_key`); with
+        `gateway.workers`, one that routes where the session's id does, so requests naming the
+        session and requests with its key reach the same process."""
+        key, digest = new_session_key()
+        while dispatch.owner(key, self.workers) != dispatch.owner(session_id, self.workers):
+            key, digest = new_session_key()
+        return key, digest
+
     def remember_session_key(self, digest: str, tenant: str, session_id: str) -> None:
         self._session_keys[digest] = (tenant, session_id)
 
@@ -387,11 +395,9 @@ class Gateway:
             await asyncio.sleep(min(max(idle / 4, 0.05), 30.0))
             keep = self.sessions.active_since(time.monotonic() - idle)
             try:
-                closed = await asyncio.to_thread(self.pool.close_idle, idle, keep)
+                closed = await asyncio.to_thread(self.pool.close_idle, idle, keep, self.sessions.owns)
             except Exception:  # a busy database must not end the sweeper: the next round retries
                 log.exception("closing idle sessions failed; retrying next round")
                 continue
             for tenant, session_id in closed:
                 self.sessions.forget(tenant, session_id)
-            if self.workers > 1:  # another process may have closed this one's idle sessions
-                self.sessions.forget_idle(time.monotonic() - idle)

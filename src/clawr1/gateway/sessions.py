@@ -43,7 +43,7 @@ class SessionResolver:
         `owns(session_id)`: with several gateway processes, whether an id routes to this one; the
         sessions it opens get such ids (`gateway/dispatch.py`)."""
         self.matcher = HistoryMatcher()
-        self._owns = owns
+        self.owns = owns
         self._last_turn = last_turn
         self._next_turn: dict[tuple[str, str], int] = {}
         self._seen: dict[tuple[str, str], float] = {}  # last request arrival (monotonic) per session
@@ -85,7 +85,7 @@ class SessionResolver:
 
     def _new_id(self) -> str:
         session_id = new_id("s-")
-        while self._owns is not None and not self._owns(session_id):  # n tries on average with n processes
+        while self.owns is not None and not self.owns(session_id):  # n tries on average with n processes
             session_id = new_id("s-")
         return session_id
 
@@ -141,15 +141,6 @@ class SessionResolver:
             self.matcher.forget(session_id)
             self._next_turn.pop((tenant, session_id), None)
             self._seen.pop((tenant, session_id), None)
-
-    def forget_idle(self, before_monotonic: float) -> list[tuple[str, str]]:
-        """Forget the sessions with no request since `before` (another process may have closed them
-        in the pool); returns them."""
-        with self._lock:
-            idle = [key for key, seen in self._seen.items() if seen < before_monotonic]
-        for tenant, session_id in idle:
-            self.forget(tenant, session_id)
-        return idle
 
     def active_since(self, since_monotonic: float) -> set[tuple[str, str]]:
         """Sessions with a request arrived after `since`: in use, even if no step is stored yet."""
