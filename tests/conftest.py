@@ -77,6 +77,29 @@ def engine(tiny_model_dir: Path):
 
 
 @pytest.fixture
+def fresh_engine(tiny_model_dir: Path):
+    """An engine of the test's own (adapters loaded into it do not leak into other tests)."""
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8))
+    yield engine
+    asyncio.run(engine.close())
+
+
+@pytest.fixture
+def served(tiny_model_dir: Path):
+    """A fake SGLang server (`tests/sglang_fake.py`: SGLang's documented API over the real local
+    engine): (url, its app, the engine behind it)."""
+    from clawr1.entrypoints.server import in_thread, make_server
+    from tests.sglang_fake import sglang_app
+
+    backend = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8))
+    app = sglang_app(backend)
+    server = make_server(app)
+    with in_thread(server, server.serve, name="fake-sglang", start_timeout_s=30) as background:
+        yield f"http://127.0.0.1:{background.port}", app, backend
+    asyncio.run(backend.close())
+
+
+@pytest.fixture
 def pool_later(monkeypatch):
     """`pool_later(s)`: the data pool's clock (`datapool.ops.clock`) jumps `s` seconds ahead and runs
     on from there: lease expiry and judge back-off without sleeping."""

@@ -7,18 +7,9 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from clawr1.core.config import EngineConfig
 from clawr1.core.types import AdapterError, SamplingParams, UnknownAdapterError
 from clawr1.engine import adapters as store
-from clawr1.engine.local import LocalEngine
 from tests.conftest import run
-
-
-@pytest.fixture
-def fresh_engine(tiny_model_dir):
-    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8))
-    yield engine
-    run(engine.close())
 
 
 def make_adapter(tiny_model_dir, root, version, seed):

@@ -11,6 +11,7 @@ import pytest
 
 from clawr1.core.types import Generation
 from clawr1.gateway import anthropic_wire
+from clawr1.gateway.errors import anthropic_error_body
 from tests.gateway_helpers import live_gateway, steps_of
 from tests.scripted_engine import ScriptedEngine
 
@@ -222,5 +223,5 @@ def test_translation_of_a_parsed_tool_call(engine):
     plain = anthropic_wire.message_body("msg_2", "m", cut, engine.parse(cut.content))
     assert (plain["stop_reason"], plain["stop_sequence"], plain["content"]) == \
         ("stop_sequence", " END", [{"type": "text", "text": "ab"}])
-    assert anthropic_wire.error_body(429, "busy", "engine_overloaded")["error"]["type"] == "overloaded_error"
-    assert anthropic_wire.error_body(504, "slow")["error"]["type"] == "api_error"
+    assert anthropic_error_body(429, "busy", "engine_overloaded")["error"]["type"] == "overloaded_error"
+    assert anthropic_error_body(504, "slow")["error"]["type"] == "api_error"

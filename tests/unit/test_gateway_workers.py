@@ -9,13 +9,11 @@ import collections
 import contextlib
 import time
 
-import pytest
 from fastapi.routing import APIRoute
 
 from clawr1.core.config import Config, EngineConfig
 from clawr1.core.types import SamplingParams
 from clawr1.datapool import SQLitePool
-from clawr1.engine.local import LocalEngine
 from clawr1.engine.sglang import SGLangEngine
 from clawr1.entrypoints.server import in_thread, make_server
 from clawr1.gateway.app import create_app
@@ -25,7 +23,6 @@ from clawr1.gateway.service import Gateway
 from clawr1.gateway.sessions import SessionResolver
 from tests.conftest import run
 from tests.gateway_helpers import wait_for
-from tests.sglang_fake import sglang_app
 from tests.unit.test_adapters import make_adapter
 from tests.unit.test_compaction import OPENCLAW_SUMMARY, SYSTEM
 
@@ -129,17 +126,6 @@ def test_only_a_compaction_asks_the_workers_who_holds_its_session():
     assert route("POST", "/v1/messages", {}, anthropic, 2, 0).ask
 
 
-@pytest.fixture
-def shared_server(tiny_model_dir):
-    """A fake SGLang server (SGLang's API over the real local engine) two gateway processes share."""
-    backend = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8))
-    app = sglang_app(backend)
-    server = make_server(app)
-    with in_thread(server, server.serve, name="fake-sglang", start_timeout_s=30) as background:
-        yield f"http://127.0.0.1:{background.port}", app
-    run(backend.close())
-
-
 @contextlib.asynccontextmanager
 async def clients(url, tiny_model_dir):
     leader = SGLangEngine(tiny_model_dir, EngineConfig(backend="sglang", url=url))
@@ -152,11 +138,11 @@ async def clients(url, tiny_model_dir):
 
 
 def test_a_follower_on_a_shared_server_adopts_the_leaders_version_and_it_stays_loaded_for_it(
-        shared_server, tiny_model_dir, tmp_path):
+        served, tiny_model_dir, tmp_path):
     """The leader loads, the follower only adopts (no second load); when the leader moves on, the
     version it retired stays on the server `retire_delay_s`, so the follower's request on it (one
     poll behind) still runs; then it is unloaded."""
-    url, app = shared_server
+    url, app, _ = served  # a fake SGLang server (its API over the real local engine) two processes share
     pool = SQLitePool(tmp_path, config(tmp_path).pool)
 
     async def go():
@@ -188,23 +174,16 @@ def test_a_follower_on_a_shared_server_adopts_the_leaders_version_and_it_stays_l
         pool.close()
 
 
-@pytest.fixture
-def own_engine(tiny_model_dir):
-    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8))
-    yield engine
-    run(engine.close())
-
-
-def test_a_follower_with_its_own_engine_loads_what_the_leader_serves_and_drops_what_it_stopped(
-        own_engine, tiny_model_dir, tmp_path):
+def test_a_follower_with_its_fresh_engine_loads_what_the_leader_serves_and_drops_what_it_stopped(
+        fresh_engine, tiny_model_dir, tmp_path):
     pool = SQLitePool(tmp_path, config(tmp_path).pool)
     try:
-        gw = Gateway(own_engine, pool, config(tmp_path), worker=1)
+        gw = Gateway(fresh_engine, pool, config(tmp_path), worker=1)
         v1 = make_adapter(tiny_model_dir, tmp_path, 1, seed=0)
         run(gw._follow({"adapters": {"policy": [1, str(v1)]}, "weights": [0, ""]}))
-        assert own_engine.adapters() == {"policy": 1}
+        assert fresh_engine.adapters() == {"policy": 1}
         run(gw._follow({"adapters": {}, "weights": [0, ""]}))  # the leader went back to the base
-        assert own_engine.adapters() == {}
+        assert fresh_engine.adapters() == {}
     finally:
         pool.close()
 
@@ -224,7 +203,27 @@ def echo_app(index: int):
     async def healthz(request):
         return JSONResponse({"ok": True})
 
-    return Starlette(routes=[Path_("/healthz", healthz), Path_("/{rest:path}", echo, methods=["GET", "POST"])])
+    async def metrics(request):
+        if "worker" in request.query_params:  # the front passes `?worker=N` on: answer as `echo`
+            return await echo(request)
+        from starlette.responses import Response
+
+        return Response(METRICS.format(requests=index + 1, pending=10 * index), media_type="text/plain")
+
+    return Starlette(routes=[Path_("/healthz", healthz), Path_("/metrics", metrics),
+                             Path_("/{rest:path}", echo, methods=["GET", "POST"])])
+
+
+METRICS = """# HELP clawr1_requests HTTP requests answered
+# TYPE clawr1_requests counter
+clawr1_requests_total{{route="/v1/chat/completions",status="200"}} {requests}
+# HELP clawr1_pool_pending_writes Pool writes queued
+# TYPE clawr1_pool_pending_writes gauge
+clawr1_pool_pending_writes {pending}
+# HELP clawr1_pool_ready_samples READY samples waiting for the trainer
+# TYPE clawr1_pool_ready_samples gauge
+clawr1_pool_ready_samples 7
+"""
 
 
 @contextlib.contextmanager
@@ -306,3 +305,29 @@ def test_a_worker_that_is_gone_is_a_502_in_json_not_a_crash(tmp_path):
         assert reply.status_code == 502 and reply.json()["error"]["code"] == "worker_unavailable", reply.text
         other = next(f"s{n}" for n in range(100) if owner(f"s{n}", 2) == 0)
         assert httpx.post(f"{base}/v1/chat/completions", headers={"X-Session-Id": other}, json={}).status_code == 200
+
+
+def test_the_fronts_metrics_are_every_workers_labelled_and_the_pools_levels_once(tmp_path):
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with front_over(tmp_path) as (base, _):
+        reply = httpx.get(f"{base}/metrics")
+        assert reply.status_code == 200
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for family in text_string_to_metric_families(reply.text) for s in family.samples}
+        route = (("route", "/v1/chat/completions"), ("status", "200"))
+        assert samples[("clawr1_requests_total", (*route, ("worker", "0")))] == 1
+        assert samples[("clawr1_requests_total", (*route, ("worker", "1")))] == 2
+        assert samples[("clawr1_pool_pending_writes", (("worker", "1"),))] == 10
+        assert [v for (name, _), v in samples.items() if name == "clawr1_pool_ready_samples"] == [7]  # once
+
+
+def test_the_front_is_a_thin_process():
+    """No model stack in the front: it starts in well under a second and stays small."""
+    import subprocess
+    import sys
+
+    probe = "import sys, clawr1.entrypoints.front; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -14,24 +14,10 @@ from transformers import AutoModelForCausalLM
 from clawr1.core.config import EngineConfig
 from clawr1.core.types import EngineFailure, SamplingParams
 from clawr1.engine import adapters as store
-from clawr1.engine.local import LocalEngine
 from clawr1.engine.sglang import SGLangEngine
-from clawr1.entrypoints.server import in_thread, make_server
 from tests.conftest import run
 from tests.gateway_helpers import free_port, live_gateway, steps_of
-from tests.sglang_fake import sglang_app
 from tests.unit.test_adapters import make_adapter
-
-
-@pytest.fixture
-def served(tiny_model_dir):
-    """(url, fake app, the local engine behind it)."""
-    backend = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8))
-    app = sglang_app(backend)
-    server = make_server(app)
-    with in_thread(server, server.serve, name="fake-sglang", start_timeout_s=30) as background:
-        yield f"http://127.0.0.1:{background.port}", app, backend
-    run(backend.close())
 
 
 @contextlib.asynccontextmanager

@@ -25,13 +25,13 @@ from typing import Any
 
 from aiohttp import ClientConnectionError, ClientSession, ClientTimeout, UnixConnector, web
 from multidict import CIMultiDict
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from clawr1.entrypoints.workers import unless_orphaned
-from clawr1.gateway import anthropic_wire
 from clawr1.gateway.body import parse_json
-from clawr1.gateway.dispatch import Route, route
-from clawr1.gateway.errors import APIError, error_body
-from clawr1.gateway.internal import KEY_HEADER, PATH_HEADER
+from clawr1.gateway.dispatch import KEY_HEADER, PATH_HEADER, Route, route
+from clawr1.gateway.errors import APIError, anthropic_error_body, error_body
+from clawr1.gateway.metrics import merge_workers
 
 log = logging.getLogger("clawr1.front")
 # Per-hop headers (RFC 9110 7.6.1), the ones aiohttp writes itself for the body it sends, and the
@@ -84,7 +84,9 @@ class Front:
                     body = None  # the worker it goes to answers the same 400
             headers = {k.lower(): v for k, v in request.headers.items()}
             where = route(request.method, request.path, headers, body, len(self.clients), next(self.turns))
-            if request.path == "/metrics" and "worker" in request.query:
+            if request.path == "/metrics" and request.method == "GET":
+                if "worker" not in request.query:
+                    return await self._metrics(request)
                 where = Route(self._worker_param(request.query["worker"]))  # one worker's own counters
             worker = await self._holder(request, raw) if where.ask else None
             return await self._forward(request, raw, where.worker if worker is None else worker)
@@ -109,6 +111,23 @@ class Front:
         if not value.isdigit() or int(value) >= len(self.clients):
             raise APIError(400, f"worker must be 0..{len(self.clients) - 1}", param="worker")
         return int(value)
+
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        """Every worker's `/metrics` as one (`metrics.merge_workers`); a worker's refusal (the
+        scrape's key) is answered as it is."""
+        async def scrape(client: ClientSession) -> tuple[int, bytes]:
+            async with client.get("http://worker/metrics", headers=_forwarded(request)) as response:
+                return response.status, await response.read()
+
+        try:
+            answers = await asyncio.gather(*(scrape(c) for c in self.clients))
+        except ClientConnectionError as exc:
+            raise APIError(502, f"a gateway worker did not answer the scrape: {exc}", code="worker_unavailable") from exc
+        for status, body in answers:
+            if status != 200:
+                return web.Response(status=status, body=body, content_type="application/json")
+        merged = merge_workers([body.decode() for _, body in answers])
+        return web.Response(body=merged, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _holder(self, request: web.Request, raw: bytes) -> int | None:
         """The worker whose history matcher holds the session of a compacted conversation, if any."""
@@ -156,7 +175,7 @@ def _forwarded(request: web.Request) -> CIMultiDict[str]:
 def _error(exc: APIError, path: str) -> web.Response:
     """In the shape the route's clients read: Anthropic's on `/v1/messages`, OpenAI's elsewhere."""
     if path.endswith("/v1/messages"):
-        body = anthropic_wire.error_body(exc.status, exc.message, exc.code)
+        body = anthropic_error_body(exc.status, exc.message, exc.code)
     else:
         body = error_body(exc.status, exc.message, param=exc.param, code=exc.code)
     return web.Response(status=exc.status, content_type="application/json", text=json.dumps(body))

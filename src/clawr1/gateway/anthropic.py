@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request
 from clawr1.core.types import EngineError, Generation, ParsedCompletion
 from clawr1.gateway import anthropic_wire as wire
 from clawr1.gateway import schema
-from clawr1.gateway.errors import APIError
+from clawr1.gateway.errors import APIError, anthropic_error_body
 from clawr1.gateway.ids import new_id
 from clawr1.gateway.pipeline import Exchange, Job, Wire, handle
 from clawr1.gateway.service import Caller, Gateway
@@ -41,7 +41,7 @@ class Messages(Wire):
                         headers, path_ids)
 
     def error_body(self, exc: APIError | EngineError) -> dict[str, Any]:
-        return wire.error_body(exc.status, exc.message, exc.code)
+        return anthropic_error_body(exc.status, exc.message, exc.code)
 
     def body(self, ex: Exchange, gens: list[Generation], parsed: list[ParsedCompletion]) -> dict[str, Any]:
         return wire.message_body(ex.job.reply_id, ex.job.req.model, gens[0], parsed[0])

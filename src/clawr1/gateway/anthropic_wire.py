@@ -203,16 +203,3 @@ def message_body(mid: str, model: str, gen: Generation, parsed: ParsedCompletion
 def event(name: str, body: dict[str, Any]) -> str:
     """One SSE event as Anthropic sends it: the name twice, as `event:` and as the body's `type`."""
     return f"event: {name}\ndata: " + json.dumps({"type": name, **body}, separators=(",", ":")) + "\n\n"
-
-
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 529: "overloaded_error"}
-
-
-def error_body(status: int, message: str, code: str | None = None) -> dict[str, Any]:
-    """`{"type": "error", "error": {"type", "message"}}`; the engine's queue being full is
-    `overloaded_error` (still 429, which clients retry), other 4xx are `invalid_request_error`,
-    5xx `api_error`."""
-    kind = "overloaded_error" if code == "engine_overloaded" else ERROR_TYPES.get(
-        status, "invalid_request_error" if status < 500 else "api_error")
-    return {"type": "error", "error": {"type": kind, "message": message}}

@@ -34,6 +34,8 @@ from clawr1.gateway.sessions import SESSION_KEY_PREFIX
 FIXED = frozenset({"v1", "admin", "dashboard", "metrics", "healthz", "rl", "chat", "completions", "responses",
                    "openapi.json", "docs", "redoc", "favicon.ico", "internal"})
 SPREAD = ("/v1/completions", "/completions")  # sessionless work that any worker may take
+KEY_HEADER = "x-clawr1-internal"  # the front's key, on its `/internal/match` questions to the workers
+PATH_HEADER = "x-clawr1-path"  # with them: the path the client asked for (which wire format the body is)
 
 
 def owner(key: str, workers: int) -> int:

@@ -24,6 +24,20 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
           429: "rate_limit_error", 502: "server_error", 503: "server_error", 504: "timeout_error"}
 
 
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 529: "overloaded_error"}
+
+
+def anthropic_error_body(status: int, message: str, code: str | None = None) -> dict[str, Any]:
+    """Anthropic's shape, `{"type": "error", "error": {"type", "message"}}` (the Messages route and
+    the front process answer `/v1/messages` in it); the engine's queue being full is
+    `overloaded_error` (still 429, which clients retry), other 4xx are `invalid_request_error`,
+    5xx `api_error`."""
+    kind = "overloaded_error" if code == "engine_overloaded" else ANTHROPIC_TYPES.get(
+        status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
 class APIError(Exception):
     """An error the gateway answers with directly."""
 

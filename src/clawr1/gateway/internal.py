@@ -14,14 +14,13 @@ from fastapi import APIRouter, Request
 from clawr1.gateway.anthropic import MESSAGES
 from clawr1.gateway.body import read_json
 from clawr1.gateway.chat import CHAT
+from clawr1.gateway.dispatch import KEY_HEADER, PATH_HEADER
 from clawr1.gateway.errors import APIError, validate
 from clawr1.gateway.matcher import is_summariser_call
 from clawr1.gateway.pipeline import Wire, body_session_fields
 from clawr1.gateway.responses import RESPONSES
 from clawr1.gateway.service import Gateway
 
-KEY_HEADER = "x-clawr1-internal"
-PATH_HEADER = "x-clawr1-path"  # the path the client asked for: which wire format the body is
 WIRES: dict[str, Wire] = {"/v1/chat/completions": CHAT, "/chat/completions": CHAT, "/v1/messages": MESSAGES,
                           "/v1/responses": RESPONSES, "/responses": RESPONSES}
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from clawr1.core.types import Generation, TokenEvent
@@ -255,6 +256,36 @@ def authorize(gw: Gateway, request: Request) -> None:
     if not any(hmac.compare_digest(token, key) for key in allowed):
         which = "the admin key" if admin is not None else "an API key"
         raise APIError(401, f"/metrics needs {which} (Authorization: Bearer <key>)", code="invalid_api_key")
+
+
+POOL_LEVELS = ("clawr1_pool_ready_samples", "clawr1_pool_oldest_ready_age_seconds")  # the same from every process
+
+
+def merge_workers(texts: list[str]) -> bytes:
+    """The expositions of the `gateway.workers` processes as one (what the front answers `GET
+    /metrics` with): every sample labelled with its `worker`, so sums and rates over them are the
+    gateway's; the pool's levels, which every process reads from the one pool, once, unlabelled."""
+    families: dict[str, Metric] = {}
+    for i, text in enumerate(texts):
+        for family in text_string_to_metric_families(text):
+            shared = family.name in POOL_LEVELS
+            if shared and i > 0:
+                continue
+            merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type,
+                                                             family.unit))
+            merged.samples += [s if shared else s._replace(labels={**s.labels, "worker": str(i)})
+                               for s in family.samples]
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Fixed(list(families.values())))
+    return generate_latest(registry)
+
+
+class _Fixed(Collector):
+    def __init__(self, families: list[Metric]):
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families
 
 
 @router.get("/metrics")
