@@ -10,7 +10,7 @@ of these that the request has:
 2. a per-session API key: the worker `owner(key)` (every request with that key goes there);
 3. the conversation: the worker `owner(caller key + first user message)`, which a stock client
    repeats every turn. A worker that opens a new session for such a request names it so that
-   `owner(session id)` is that same worker (`SessionResolver(owner=...)`), so rule 1 finds it too
+   `owner(session id)` is that same worker (`SessionResolver(owns=...)`), so rule 1 finds it too
    (closing a matched session by its id, feedback, a restart's restore).
 4. a compaction, whose first user message no longer is the conversation's: the agent's
    summarising call (its transcript as one text) and the compacted request (its first user message
