@@ -281,6 +281,14 @@ def test_the_front_passes_whole_bodies_and_headers_and_says_what_went_wrong_in_t
         assert got["bytes"] > 3 * 1024 * 1024  # the whole body
         assert "x-clawr1-internal" not in got["headers"] and "x-clawr1-path" not in got["headers"]
         assert got["headers"]["x-session-id"] == "s1"
+        # Who the client is and how it came, for the worker (which sees only the front); a client's
+        # own claim counts only from a proxy on loopback that sends both, as uvicorn trusts one.
+        assert (got["headers"]["x-forwarded-for"], got["headers"]["x-forwarded-proto"]) == ("127.0.0.1", "http")
+        claimed = httpx.post(f"{base}/v1/chat/completions", headers={"X-Forwarded-Proto": "https"}, json={}).json()
+        assert claimed["headers"]["x-forwarded-proto"] == "http"
+        proxied = httpx.post(f"{base}/v1/chat/completions", json={}, headers={
+            "X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.9"}).json()
+        assert (proxied["headers"]["x-forwarded-for"], proxied["headers"]["x-forwarded-proto"]) == ("203.0.113.9", "https")
         assert httpx.get(f"{base}/metrics?worker=1").json()["worker"] == 1
         bad = httpx.get(f"{base}/metrics?worker=7")
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "worker"

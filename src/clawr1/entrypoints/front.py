@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aiohttp import ClientConnectionError, ClientSession, ClientTimeout, UnixConnector, web
+from aiohttp import ClientConnectionError, ClientError, ClientSession, ClientTimeout, UnixConnector, web
 from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -38,6 +38,9 @@ log = logging.getLogger("clawr1.front")
 # front's own to a worker (a client's copy of those is dropped, whatever its case).
 DROP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection",
                   "content-length", "host", KEY_HEADER, PATH_HEADER})
+FORWARDED = ("x-forwarded-for", "x-forwarded-proto")  # set by the front: the worker sees the client's
+LOOPBACK = ("127.0.0.1", "::1")  # a proxy in front of us there is trusted with its own, as uvicorn does
+BACKLOG = 2048  # connections the kernel queues on the shared port before a front accepts them
 ASK_TIMEOUT_S = 5.0  # how long the workers may take to say who holds a compacted conversation
 HEADER_LIMIT = 65536  # request line and header field sizes accepted (aiohttp's default is 8 KiB)
 
@@ -158,7 +161,11 @@ class Front:
         async with upstream:
             out = CIMultiDict((k, v) for k, v in upstream.headers.items() if k.lower() not in DROP)
             if upstream.content_length is not None and "text/event-stream" not in upstream.headers.get("content-type", ""):
-                return web.Response(status=upstream.status, body=await upstream.read(), headers=out)
+                try:
+                    body = await upstream.read()
+                except ClientError as exc:  # the worker died while answering (it may have run it)
+                    raise APIError(502, f"gateway worker {worker} failed while answering", code="worker_unavailable") from exc
+                return web.Response(status=upstream.status, body=body, headers=out)
             response = web.StreamResponse(status=upstream.status, headers=out)
             await response.prepare(request)
             async for chunk in upstream.content.iter_any():
@@ -168,8 +175,16 @@ class Front:
 
 
 def _forwarded(request: web.Request) -> CIMultiDict[str]:
-    """The client's headers for the worker: repeated ones kept, per-hop and the front's own dropped."""
-    return CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in DROP)
+    """The client's headers for the worker: repeated ones kept, per-hop and the front's own
+    dropped, and who the client is and whether it came over TLS (the worker's uvicorn takes those
+    from its socket's only peer, the front: the dashboard's cookie is `Secure` behind TLS)."""
+    headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in DROP)
+    if request.remote not in LOOPBACK or not all(name in headers for name in FORWARDED):
+        for name in FORWARDED:
+            headers.popall(name, None)
+        headers["X-Forwarded-For"] = request.remote or ""
+        headers["X-Forwarded-Proto"] = "https" if request.secure else "http"
+    return headers
 
 
 def _error(exc: APIError, path: str) -> web.Response:
@@ -182,21 +197,22 @@ def _error(exc: APIError, path: str) -> web.Response:
 
 
 async def serve(front: Front, listener: socket.socket, ready: Path | None, tls: tuple[str, str] | None,
-                wait_s: float, stop: asyncio.Event) -> None:
-    """Accept on `listener` until `stop` is set; `ready` gets the port once every worker answers."""
+                wait_s: float, stop: asyncio.Event, drain_s: float = 60.0) -> None:
+    """Accept on `listener` until `stop` is set, then let requests in flight finish (up to
+    `drain_s`); `ready` gets the port once every worker answers."""
     await front.start(wait_s)
     app = web.Application(client_max_size=front.max_body + 1)
     app.router.add_route("*", "/{tail:.*}", front.handle)
     # A client that goes away cancels its handler, which closes the worker's connection: the worker
     # then stops generating and stores the step `aborted`, as when the client talks to it directly.
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=drain_s,
                            max_line_size=HEADER_LIMIT, max_field_size=HEADER_LIMIT)
     await runner.setup()
     context = None
     if tls is not None:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(*tls)
-    await web.SockSite(runner, listener, ssl_context=context).start()
+    await web.SockSite(runner, listener, ssl_context=context, backlog=BACKLOG).start()
     if ready is not None:
         tmp = ready.with_name(ready.name + ".tmp")
         tmp.write_text(str(listener.getsockname()[1]))
@@ -215,7 +231,7 @@ async def _main(args: argparse.Namespace) -> None:
     front = Front(args.socket, args.max_body_bytes, args.max_json_depth, os.environ["CLAWR1_INTERNAL_KEY"])
     listener = socket.socket(fileno=args.fd)  # bound and listening: the leader's
     tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
-    await unless_orphaned(serve(front, listener, args.ready, tls, args.wait_s, stop))
+    await unless_orphaned(serve(front, listener, args.ready, tls, args.wait_s, stop, args.drain_s))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -228,6 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tls-cert")
     parser.add_argument("--tls-key")
     parser.add_argument("--wait-s", type=float, default=600.0, help="how long the workers may take to start")
+    parser.add_argument("--drain-s", type=float, default=600.0, help="how long requests in flight may finish on a stop")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s front %(levelname)s %(message)s")
     loop_policy: Any = None

@@ -58,8 +58,9 @@ async def serve(config: Config, on_ready: Callable[[int, str], None] | None = No
     else:  # worker 0 on its socket; the fronts own the port
         app.state.gateway.served_path().unlink(missing_ok=True)  # a past run's: followers wait for ours
         socket_of(config, 0).unlink(missing_ok=True)
-        # The fronts keep idle connections 3 s; uvicorn's default keep-alive (5 s) outlasts that.
-        server = make_server(app, uds=str(socket_of(config, 0)))
+        # The fronts keep idle connections 3 s; uvicorn's default keep-alive (5 s) outlasts that. Only
+        # they reach the socket (this user's run dir): their X-Forwarded-* are the client's.
+        server = make_server(app, uds=str(socket_of(config, 0)), forwarded_allow_ips="*")
         server.before_shutdown = crew.stop_fronts  # Ctrl+C: no new requests first, then drain
 
         async def fronts() -> None:

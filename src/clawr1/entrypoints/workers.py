@@ -48,7 +48,8 @@ def socket_of(config: Config, index: int) -> Path:
 
 
 class ListenError(RuntimeError):
-    """The gateway's port cannot be bound (another process has it)."""
+    """The gateway's address cannot be bound (another process has the port, no permission, no such
+    address)."""
 
 
 class Workers:
@@ -69,21 +70,20 @@ class Workers:
         self.log_path = folder / "workers.log"
         self.log: IO[bytes] = open(self.log_path, "ab")  # noqa: SIM115 - closed in `stop`
         # The port is bound here, once, without SO_REUSEPORT (a second gateway on it fails as one
-        # process would), and every front accepts on this one socket.
-        family, kind, proto, _, address = socket.getaddrinfo(gw.host, gw.port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]
-        self.listener = socket.socket(family, kind, proto)
+        # process would), and every front accepts on this one socket. It listens only once the
+        # fronts do (each calls listen with BACKLOG): until then a client is refused, not left
+        # waiting on a port nothing answers yet. The address family as uvicorn picks it.
+        self.listener = socket.socket(socket.AF_INET6 if ":" in gw.host else socket.AF_INET, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            self.listener.bind(address)
-        except OSError as exc:
+            self.listener.bind((gw.host, gw.port))
+        except OSError as exc:  # in use, not ours to bind, no such address or name
             self.listener.close()
-            raise ListenError(f"cannot listen on {gw.host}:{gw.port}: {exc.strerror}") from exc
-        self.listener.listen(2048)
-        self.listener.set_inheritable(True)
+            raise ListenError(f"cannot listen on {gw.host}:{gw.port}: {exc.strerror or exc}") from exc
         self.followers: dict[int, subprocess.Popen] = {}
         self.fronts: dict[int, subprocess.Popen] = {}
         self.stopping = False
+        self.drain_s = gw.request_timeout_s + 5  # a request in flight may run this long
 
     @property
     def port(self) -> int:
@@ -100,7 +100,7 @@ class Workers:
         gw = self.config.gateway
         argv = [sys.executable, "-m", "clawr1.entrypoints.front", "--fd", str(self.listener.fileno()),
                 "--ready", str(self.ready_file(n)), "--max-body-bytes", str(gw.max_body_bytes),
-                "--max-json-depth", str(gw.max_json_depth)]
+                "--max-json-depth", str(gw.max_json_depth), "--drain-s", str(gw.request_timeout_s)]
         argv += [a for i in range(gw.workers) for a in ("--socket", str(socket_of(self.config, i)))]
         if gw.tls_cert is not None:
             argv += ["--tls-cert", str(gw.tls_cert), "--tls-key", str(gw.tls_key)]
@@ -119,8 +119,11 @@ class Workers:
     def _follower(self, index: int) -> subprocess.Popen:
         process = self._spawn(self.follower_argv(index), stdin=subprocess.PIPE)
         assert process.stdin is not None
-        process.stdin.write(self.config_text)
-        process.stdin.close()
+        try:
+            process.stdin.write(self.config_text)  # ~30 KB: the pipe's buffer takes it whole
+            process.stdin.close()
+        except BrokenPipeError:  # it died first; `ready` / `supervise` report it with its log
+            pass
         return process
 
     def _spawn(self, argv: list[str], **options: Any) -> subprocess.Popen:
@@ -150,9 +153,9 @@ class Workers:
         """A follower or front that exits is started again (a follower's sessions' next turns
         resume from the pool; a front accepts on the same socket the others do)."""
         async def watch(name: str, group: dict[int, subprocess.Popen], i: int, spawn: Callable[[int], subprocess.Popen]) -> None:
-            if group[i].poll() is not None:
+            if group[i].poll() is not None and not self.stopping:
                 group[i] = await asyncio.to_thread(spawn, i)
-            while group[i].poll() is None or self.stopping:  # stopping: they exit on purpose
+            while group[i].poll() is None or self.stopping:  # stopping: they exit on purpose, none restarts
                 await asyncio.sleep(1.0)
             raise RuntimeError(f"{name} exited with code {group[i].returncode} (see {self.log_path})")
 
@@ -162,28 +165,29 @@ class Workers:
             for i in group))
 
     def stop_fronts(self) -> None:
-        """No new requests (called as the leader's shutdown begins); those in flight finish."""
+        """No new connections (called as the leader's shutdown begins: the port closes at once);
+        requests in flight through the fronts finish."""
         self.stopping = True
-        _stop(list(self.fronts.values()))
         self.listener.close()
+        _stop(list(self.fronts.values()), self.drain_s)
 
     def stop(self) -> None:
         """After the leader drained: the fronts (if still up), then the followers (each drains)."""
         self.stop_fronts()
-        _stop(list(self.followers.values()))
+        _stop(list(self.followers.values()), self.drain_s)
         for path in [*(self.ready_file(n) for n in self.fronts),
                      *(socket_of(self.config, i) for i in range(self.config.gateway.workers))]:
             path.unlink(missing_ok=True)
         self.log.close()
 
 
-def _stop(processes: list[subprocess.Popen]) -> None:
+def _stop(processes: list[subprocess.Popen], timeout_s: float) -> None:
     for process in processes:
         if process.poll() is None:
             process.terminate()
     for process in processes:
         try:
-            process.wait(timeout=60)
+            process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             process.kill()
 
@@ -233,7 +237,7 @@ async def follow(config: Config, index: int, engine_spec: str | None) -> None:
     app = create_app(engine, pool, config, worker=index, internal_key=os.environ["CLAWR1_INTERNAL_KEY"])
     tune_gc()
     try:
-        await run_server(make_server(app, uds=str(path)))
+        await run_server(make_server(app, uds=str(path), forwarded_allow_ips="*"))  # only the fronts reach it
     finally:
         await engine.close()
         pool.close()

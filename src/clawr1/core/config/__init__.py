@@ -135,7 +135,8 @@ def load_config(path: Path | None = None, overrides: list[str] | tuple[str, ...]
 
 def to_toml(config: Config, secrets: bool = False) -> str:
     """Render a config as TOML, one `[section]` per nested model, each key with its docstring.
-    Secrets are redacted unless `secrets` (only for a file a child process reads, mode 0600)."""
+    Secrets are redacted unless `secrets` (only for a child process: a file only this user can
+    read, or a pipe)."""
     lines: list[str] = []
 
     def emit(model: BaseModel, header: str | None) -> None:
