@@ -192,17 +192,20 @@ def _stop(processes: list[subprocess.Popen], timeout_s: float) -> None:
             process.kill()
 
 
+_STARTED_BY = os.getppid()  # in a front or a follower: the leader (checked against, whenever it dies)
+
+
 async def orphaned(poll_s: float = 1.0) -> None:
-    """Return once this process's parent (the leader) is gone."""
-    parent = os.getppid()
-    while os.getppid() == parent:
+    """Return once the leader (this process's parent when it started) is gone."""
+    while os.getppid() == _STARTED_BY:
         await asyncio.sleep(poll_s)
     log.error("the gateway's leader process is gone; stopping")
 
 
 async def unless_orphaned(main: Coroutine[Any, Any, None]) -> None:
-    """Run `main` (a front's or a follower's life) until it ends or the leader is gone, whichever
-    comes first, starting up included: a killed leader leaves nothing behind on the port."""
+    """Run `main` (a front's life) until it ends or the leader is gone, whichever comes first,
+    starting up included: a killed leader leaves nothing behind on the port. (A follower stops
+    itself gracefully instead: `follow`.)"""
     task, watch = asyncio.ensure_future(main), asyncio.ensure_future(orphaned())
     await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
     for each in (task, watch):
@@ -236,8 +239,14 @@ async def follow(config: Config, index: int, engine_spec: str | None) -> None:
     path.unlink(missing_ok=True)  # a socket left by a killed predecessor
     app = create_app(engine, pool, config, worker=index, internal_key=os.environ["CLAWR1_INTERNAL_KEY"])
     tune_gc()
+    server = make_server(app, uds=str(path), forwarded_allow_ips="*")  # only the fronts reach it
+
+    async def stop_when_orphaned() -> None:
+        await orphaned()
+        server.stop()  # uvicorn's graceful stop: what is in flight finishes
+
     try:
-        await run_server(make_server(app, uds=str(path), forwarded_allow_ips="*"))  # only the fronts reach it
+        await run_server(server, [stop_when_orphaned()])
     finally:
         await engine.close()
         pool.close()
@@ -255,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     config = Config.model_validate(tomllib.loads(sys.stdin.read()))
     logs.configure(config.log_format, logs.secrets_of(config), console=err_console)  # secrets redacted
     try:
-        asyncio.run(unless_orphaned(follow(config, args.index, args.engine)))
+        asyncio.run(follow(config, args.index, args.engine))
     except KeyboardInterrupt:
         pass
 
