@@ -49,7 +49,7 @@ def socket_of(config: Config, index: int) -> Path:
 
 class ListenError(RuntimeError):
     """The gateway's address cannot be bound (another process has the port, no permission, no such
-    address)."""
+    address, a socket path too long)."""
 
 
 class Workers:
@@ -60,8 +60,8 @@ class Workers:
         gw = config.gateway
         longest = socket_of(config, gw.workers - 1)
         if len(str(longest).encode()) > 100:  # sun_path holds 108 bytes
-            raise ValueError(f"the data dir's path is too long for the workers' Unix sockets ({longest}); "
-                             "use a shorter data_dir")
+            raise ListenError(f"the data dir's path is too long for the workers' Unix sockets ({longest}); "
+                              "use a shorter data_dir")
         self.key = secrets.token_urlsafe(32)  # the front's key for `/internal/match`
         self.env = {**os.environ, "CLAWR1_INTERNAL_KEY": self.key}
         # The followers' config, secrets included, goes through a pipe: nothing on disk to leak.
@@ -120,7 +120,7 @@ class Workers:
         process = self._spawn(self.follower_argv(index), stdin=subprocess.PIPE)
         assert process.stdin is not None
         try:
-            process.stdin.write(self.config_text)  # ~30 KB: the pipe's buffer takes it whole
+            process.stdin.write(self.config_text)  # ~30 KB fits the pipe's buffer; more waits for the read
             process.stdin.close()
         except BrokenPipeError:  # it died first; `ready` / `supervise` report it with its log
             pass
