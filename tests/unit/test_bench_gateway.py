@@ -65,8 +65,8 @@ def test_benchmark_smoke_measures_every_target_with_recording_on(tmp_path):
     config = load_config(None, [f'data_dir="{tmp_path}"'])
     out = io.StringIO()
     numbers = bench.run(config, Console(file=out, width=120), requests=20, concurrency=(1, 4),
-                        include_litellm=False, seconds=2.0)
-    assert set(numbers["targets"]) == {"direct", "passthrough", "gateway"}
+                        include_litellm=False, seconds=2.0, workers=2)
+    assert set(numbers["targets"]) == {"direct", "passthrough", "gateway", "gateway x2"}
     for name, modes in numbers["targets"].items():
         for mode in ("plain", "stream"):
             for c in ("1", "4"):
@@ -78,6 +78,9 @@ def test_benchmark_smoke_measures_every_target_with_recording_on(tmp_path):
     recording = numbers["recording"]
     # Every answered request (readiness probe, warm-ups, measured) is a committed step of the gateway's pool.
     assert recording["ok"] and recording["recorded_steps"] == recording["served"] > 4 * 20
+    several = numbers["recording_workers"]  # gateway.workers = 2, as `clawr1 serve` runs it: all recorded too
+    assert several["ok"] and several["recorded_steps"] == several["served"] > 4 * 20
+    assert set(numbers["scaling"]) == {"plain", "stream"} and "gateway.workers = 2" in out.getvalue()
     assert set(numbers["ratios"]) == {"passthrough"}
     assert "LiteLLM" not in out.getvalue() and "passthrough" in out.getvalue()
     json.dumps(numbers)  # JSON-serialisable, for `clawr1 bench gateway --json`
