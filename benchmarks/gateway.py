@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -370,22 +371,22 @@ async def _bench(config: Config, console: Console, workdir: Path, requests: int,
         try:
             await bench_target(backend)
             upstream = f"http://127.0.0.1:{backend.port}"
+            token = config.gateway.api_keys[0] if config.gateway.api_keys else None
+
+            def ours(name: str, settings: Path) -> Callable[[], Server]:
+                """Our gateway with the config at `settings` (`serve_gateway`)."""
+                return lambda: start(name, [py, "-m", "benchmarks.gateway", "--serve-port", "{port}",
+                                            "--serve-config", str(settings)], workdir, token=token)
+
             launchers = {
                 "passthrough": lambda: start("passthrough", [py, "-m", "benchmarks.passthrough", "--port", "{port}",
                                                              "--upstream", upstream], workdir),
-                OURS: lambda: start(OURS, [py, "-m", "benchmarks.gateway", "--serve-port", "{port}",
-                                           "--serve-config", str(config_json)], workdir,
-                                    token=config.gateway.api_keys[0] if config.gateway.api_keys else None),
+                OURS: ours(OURS, config_json),
             }
             if durable_both:
-                launchers[REPLY_FIRST] = lambda: start(
-                    REPLY_FIRST, [py, "-m", "benchmarks.gateway", "--serve-port", "{port}", "--serve-config",
-                                  str(fast_json)], workdir,
-                    token=config.gateway.api_keys[0] if config.gateway.api_keys else None)
+                launchers[REPLY_FIRST] = ours(REPLY_FIRST, fast_json)
             if workers > 1:
-                launchers[many] = lambda: start(
-                    many, [py, "-m", "benchmarks.gateway", "--serve-port", "{port}", "--serve-config", str(many_json)],
-                    workdir, token=config.gateway.api_keys[0] if config.gateway.api_keys else None)
+                launchers[many] = ours(many, many_json)
             if litellm:
                 # A local cost map: no network fetch (and no stall) at startup.
                 launchers["litellm"] = lambda: start(

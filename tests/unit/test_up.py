@@ -23,13 +23,19 @@ def ask(base: str, content: str, session: str | None = None, **extra) -> dict:
     return response.json()
 
 
+def quick_up(model_dir, data_dir, port: int, *settings: str) -> list[str]:
+    """`clawr1 up` on the tiny model that trains after two judged turns and serves the version at
+    once (the loop and the swap; the guard's verdicts: test_guard.py); `settings` are more `--set`s."""
+    return [sys.executable, "-m", "clawr1.cli.main", "up", "--model", str(model_dir), "--data-dir", str(data_dir),
+            "--port", str(port), "--batch-size", "2", "--prm-m", "1", "--set", "trainer.max_wait_s=0",
+            "--set", "gateway.adapter_poll_s=0.2", "--set", 'reward.judge="llm"', "--set", "trainer.lr=0.01",
+            "--set", "guard.enabled=false", *(arg for setting in settings for arg in ("--set", setting))]
+
+
 def test_up_learns_from_corrections_and_swaps_without_a_failed_request(tiny_model_dir, tmp_path):
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "clawr1.cli.main", "up", "--model", str(tiny_model_dir), "--data-dir", str(tmp_path),
-           "--port", str(port), "--batch-size", "2", "--prm-m", "1", "--set", "trainer.max_wait_s=0",
-           "--set", "gateway.adapter_poll_s=0.2", "--set", 'reward.judge="llm"', "--set", "trainer.lr=0.01",
-           "--set", "guard.enabled=false"]  # the loop and the swap; the guard's verdicts: test_guard.py
+    cmd = quick_up(tiny_model_dir, tmp_path, port)
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "CLAWR1_DATA_DIR": ""})
     try:
         wait_for(lambda: healthy(base), timeout=120, what="clawr1 up to serve")

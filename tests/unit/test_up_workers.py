@@ -15,6 +15,7 @@ import httpx
 from clawr1.gateway.dispatch import owner
 from tests.gateway_helpers import free_port, healthy, interrupt, wait_for
 from tests.unit.test_compaction import OPENCLAW_SUMMARY
+from tests.unit.test_up import quick_up
 
 SYSTEM = {"role": "system", "content": "You are a terse assistant."}
 
@@ -62,10 +63,7 @@ def gone(pid: int) -> bool:
 def test_up_with_two_gateway_workers(tiny_model_dir, tmp_path):
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "clawr1.cli.main", "up", "--model", str(tiny_model_dir), "--data-dir", str(tmp_path),
-           "--port", str(port), "--batch-size", "2", "--prm-m", "1", "--set", "gateway.workers=2",
-           "--set", "trainer.max_wait_s=0", "--set", "gateway.adapter_poll_s=0.2", "--set", 'reward.judge="llm"',
-           "--set", "trainer.lr=0.01", "--set", "guard.enabled=false"]
+    cmd = quick_up(tiny_model_dir, tmp_path, port, "gateway.workers=2")
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "CLAWR1_DATA_DIR": ""})
     try:
         wait_for(lambda: healthy(base), timeout=180, what="clawr1 up with two workers to serve")

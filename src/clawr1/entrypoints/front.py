@@ -20,6 +20,7 @@ import signal
 import socket
 import ssl
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from aiohttp import ClientConnectionError, ClientError, ClientSession, ClientTim
 from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from clawr1.entrypoints.workers import unless_orphaned
+from clawr1.entrypoints.workers import orphaned
 from clawr1.gateway.body import parse_json
 from clawr1.gateway.dispatch import KEY_HEADER, PATH_HEADER, Route, route
 from clawr1.gateway.errors import APIError, anthropic_error_body, error_body
@@ -222,6 +223,19 @@ async def serve(front: Front, listener: socket.socket, ready: Path | None, tls: 
     finally:
         await runner.cleanup()  # in-flight requests finish (the workers are still up)
         await front.close()
+
+
+async def unless_orphaned(main: Coroutine[Any, Any, None]) -> None:
+    """Run `main` (the front's life) until it ends or the leader is gone, whichever comes first,
+    starting up included (the wait for the workers): a killed leader leaves nothing behind on the
+    port. (A follower, which serves nothing until it has started, stops gracefully: `workers.follow`.)"""
+    task, watch = asyncio.ensure_future(main), asyncio.ensure_future(orphaned())
+    await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    for each in (task, watch):
+        each.cancel()
+    await asyncio.gather(task, watch, return_exceptions=True)
+    if task.done() and not task.cancelled() and task.exception() is not None:
+        raise task.exception()  # type: ignore[misc]
 
 
 async def _main(args: argparse.Namespace) -> None:

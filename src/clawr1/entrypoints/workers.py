@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -200,19 +200,6 @@ async def orphaned(poll_s: float = 1.0) -> None:
     while os.getppid() == _STARTED_BY:
         await asyncio.sleep(poll_s)
     log.error("the gateway's leader process is gone; stopping")
-
-
-async def unless_orphaned(main: Coroutine[Any, Any, None]) -> None:
-    """Run `main` (a front's life) until it ends or the leader is gone, whichever comes first,
-    starting up included: a killed leader leaves nothing behind on the port. (A follower stops
-    itself gracefully instead: `follow`.)"""
-    task, watch = asyncio.ensure_future(main), asyncio.ensure_future(orphaned())
-    await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-    for each in (task, watch):
-        each.cancel()
-    await asyncio.gather(task, watch, return_exceptions=True)
-    if task.done() and not task.cancelled() and task.exception() is not None:
-        raise task.exception()  # type: ignore[misc]
 
 
 def load_engine_from(spec: str | None, config: Config) -> Engine:

@@ -51,8 +51,7 @@ def create_app(engine: Engine, pool: DataPool, config: Config, worker: int = 0,
         rllm,
     )
 
-    gateway = Gateway(engine, pool, config, worker)
-    gateway.internal_key = internal_key
+    gateway = Gateway(engine, pool, config, worker, internal_key)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

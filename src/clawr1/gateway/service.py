@@ -118,9 +118,11 @@ class Admission:
 
 
 class Gateway:
-    def __init__(self, engine: Engine, pool: DataPool, config: Config, worker: int = 0):
+    def __init__(self, engine: Engine, pool: DataPool, config: Config, worker: int = 0,
+                 internal_key: str | None = None):
         """`worker`: this process's index among `gateway.workers` (0, the leader, decides which
-        versions serve; the others follow it: `watch_versions`)."""
+        versions serve; the others follow it: `watch_versions`); `internal_key`: the front
+        processes' key for `/internal/match`."""
         self.engine, self.pool, self.config = engine, pool, config
         self.worker, self.workers = worker, config.gateway.workers
         if not 0 <= worker < self.workers:
@@ -139,7 +141,7 @@ class Gateway:
         self.full = config.trainer.finetune == "full"  # versions are whole weights, not adapters
         self._meter: QualityMeter | None = None
         self.guard: Any = None  # the `Guard`, when it runs (`watch_versions`)
-        self.internal_key: str | None = None  # the front process's key (`gateway.workers` > 1)
+        self.internal_key = internal_key
 
     async def quality_meter(self) -> QualityMeter:
         """The quality measure (`clawr1.quality`) on this gateway's engine, loaded on first use (the
