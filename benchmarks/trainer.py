@@ -4,7 +4,8 @@ Both sides train the same LoRA (rank, alpha, target modules, no dropout) on the 
 the CPU with the same torch thread count, over the same batch: `samples` chat prompts, each with a
 reply of exactly `reply_tokens` tokens (seeded random vocabulary ids: a step's cost does not depend
 on which tokens they are), alternating +1/-1 advantages, and behaviour logprobs from a no-grad
-forward pass, so every importance ratio starts at 1.
+forward pass, so every importance ratio starts at 1. No KL on either side: TRL at `beta = 0`, ours
+at `kl_coef = 0` with `kl_base_every = 0` (no base-model forward for the drift metric either).
 
 - TRL: an isolated GRPO train step: `GRPOTrainer.training_step` (its fused LM head forward, the
   clipped loss, backward) on a prepared batch of completions, then the Trainer loop's own grad clip,
@@ -395,7 +396,10 @@ def worker_ours(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
                     "device": spec["device"], "dtype": spec["dtype"], "grad_checkpointing": spec["grad_checkpointing"],
                     "lora_rank": spec["lora"]["r"], "lora_alpha": spec["lora"]["alpha"],
                     "lora_targets": spec["lora"]["targets"], "lr": spec["lr"], "grad_clip": spec["grad_clip"],
-                    "eps_low": spec["eps_low"], "eps_high": spec["eps_high"], "kl_coef": 0.0}})
+                    "eps_low": spec["eps_low"], "eps_high": spec["eps_high"],
+                    # No KL at all, as TRL at beta = 0: no penalty and no `kl_base` metric (its base
+                    # forward is a quarter of a step; `trainer.kl_base_every`).
+                    "kl_coef": 0.0, "kl_base_every": 0}})
     policy = None
     if spec["shape"]:
         from clawr1.trainer.policy import Policy

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from clawr1.trainer import head
 from clawr1.trainer.losses import (
     combine_advantage,
     grpo_normalise,
@@ -215,3 +216,44 @@ def test_two_turns_of_one_session_are_not_one_grpo_group():
     assert online.tolist() == [1.0, 1.0]
     as_before, _ = rl_advantages([sample("s1", 1.0), sample("s1", 1.0)], config, 0.0)
     assert as_before.tolist() == [0.0, 0.0]  # what one group per session did
+
+
+@pytest.mark.parametrize("terms", [("logp",), ("entropy",), ("kl",), ("stop",), ("logp", "kl"),
+                                   ("logp", "entropy", "kl", "teacher", "stop")])
+@pytest.mark.parametrize("temperatures", ["one", "mixed"])
+def test_the_fused_head_has_the_gradients_of_the_naive_log_softmax(monkeypatch, terms, temperatures):
+    """Each output of `head_stats` alone (the backward's shortcuts: softmax only for the target's
+    term, the temperature pass skipped at 1) and together, against autograd through the full
+    [n, V] log-softmax; three positions a chunk."""
+    monkeypatch.setattr(head, "CHUNK_ELEMENTS", 3 * 301)
+    gen = torch.Generator().manual_seed(len(terms))
+    n, hidden_size, vocab = 10, 16, 301
+    hidden = torch.randn(n, hidden_size, generator=gen, requires_grad=True)
+    weight = torch.randn(vocab, hidden_size, generator=gen).requires_grad_()
+    reference, teacher = torch.randn(n, hidden_size, generator=gen), torch.randn(n, hidden_size, generator=gen)
+    teacher_weight = torch.randn(vocab, hidden_size, generator=gen)
+    targets, stop = torch.randint(0, vocab, (n,), generator=gen), torch.tensor([3, 7])
+    inv_t = torch.ones(n) if temperatures == "one" else 1 / torch.linspace(0.5, 1.5, n)
+    coefficients = {term: torch.randn(n, generator=gen) for term in ("logp", "entropy", "kl", "teacher", "stop")}
+
+    def naive(h, w):
+        logp = torch.log_softmax(h @ w.T * inv_t[:, None], -1)
+        p = logp.exp()
+        return {"logp": logp.gather(-1, targets[:, None]).squeeze(-1), "entropy": -(p * logp).sum(-1),
+                "kl": (p * (logp - torch.log_softmax(reference @ w.detach().T * inv_t[:, None], -1))).sum(-1),
+                "teacher": (p * (logp - torch.log_softmax(teacher @ teacher_weight.T * inv_t[:, None], -1))).sum(-1),
+                "stop": torch.logsumexp(logp[:, stop], -1)}
+
+    def fused(h, w):
+        outs = head.head_stats(h, w, targets, inv_t, reference, None, teacher, teacher_weight, stop)
+        return dict(zip(("logp", "entropy", "kl", "teacher", "stop"), outs, strict=True))
+
+    grads = []
+    for fn in (naive, fused):
+        values = fn(hidden, weight)
+        loss = sum((values[term] * coefficients[term]).sum() for term in terms)
+        grads.append(torch.autograd.grad(loss, (hidden, weight)))
+        for term, value in values.items():  # every output's value, used in the loss or not
+            assert torch.allclose(value, naive(hidden, weight)[term], atol=1e-5), term
+    for got, expected in zip(grads[1], grads[0], strict=True):
+        assert float((got - expected).norm() / expected.norm()) < 1e-5, terms

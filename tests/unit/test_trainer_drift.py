@@ -81,6 +81,44 @@ def test_a_large_full_kl_coefficient_holds_the_policy_near_the_base(tiny_model_d
     assert all(not torch.equal(p, torch.zeros_like(p)) for n, p in held.policy.named_trainable().items() if "lora_B" in n)
 
 
+def test_without_a_penalty_the_kl_to_the_base_is_measured_every_nth_step_only(tiny_model_dir, tmp_path, generations,
+                                                                               monkeypatch):
+    samples = samples_of(generations, [1.0, -1.0, 1.0, -1.0, 1.0, -1.0, 1.0, -1.0])
+    base_passes = []
+
+    def run(name, every):
+        config = config_for(tiny_model_dir, tmp_path / name, 'trainer.method="rl"', "trainer.micro_batch=4",
+                            "trainer.kl_coef=0", f"trainer.kl_base_every={every}")
+        with SQLitePool(tmp_path / name, config.pool) as pool:
+            trainer = Trainer(config, pool, resume=False)
+            off = trainer.policy.adapter_off
+            counted = []
+
+            def counting_off():
+                counted.append(1)
+                return off()
+            monkeypatch.setattr(trainer.policy, "adapter_off", counting_off)
+            metrics = [trainer.train_step(samples) for _ in range(3)]
+            base_passes.append(len(counted))
+            return trainer, metrics
+
+    every, every_metrics = run("every", 1)
+    third, third_metrics = run("third", 3)
+    never, never_metrics = run("never", 0)
+    # Measured on steps 0 of 3 only (and every step at 1); never at 0. Two micro-batches a step.
+    assert ["kl_base" in m for m in every_metrics] == [True, True, True]
+    assert ["kl_base" in m for m in third_metrics] == [True, False, False]
+    assert not any("kl_base" in m for m in never_metrics)
+    assert base_passes == [6, 2, 0]
+    assert third_metrics[0]["kl_base"] == pytest.approx(every_metrics[0]["kl_base"], abs=1e-7)
+    assert every_metrics[2]["kl_base"] > 1e-6  # the policy moved off the base: the updates below are not zero
+    # Only a metric at kl_coef = 0: the updates are the same whether it was measured or not.
+    for name, param in every.policy.model.named_parameters():
+        if param.requires_grad:
+            assert torch.allclose(param, never.policy.model.get_parameter(name), atol=1e-6), name
+            assert torch.allclose(param, third.policy.model.get_parameter(name), atol=1e-6), name
+
+
 def test_the_entropy_band_moves_the_entropy_toward_it(tiny_model_dir, tmp_path, generations):
     samples = samples_of(generations, [1.0, -1.0] * 4)
     _, start = drift(trained(tiny_model_dir, tmp_path / "start", samples, 0), samples)

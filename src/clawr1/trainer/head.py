@@ -65,16 +65,18 @@ def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     outs = [torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
             for _ in range(1 if stop is None else 2)]
     for s in chunks(hidden.shape[0], weight.shape[0]):
-        logp = torch.log_softmax(F.linear(hidden[s], weight).float() * inv_temperature[s, None].float(), -1)
+        logp = torch.log_softmax(_chunk(hidden[s], weight, inv_temperature[s].float()), -1)
         outs[0][s] = logp.gather(-1, targets[s, None]).squeeze(-1)
         if stop is not None:
             outs[1][s] = torch.logsumexp(logp[:, stop], -1)
     return outs
 
 
-def _chunk(hidden: torch.Tensor, weight: torch.Tensor, inv_t: torch.Tensor) -> torch.Tensor:
-    """A chunk's log-probabilities [c, V] in float32 (the matmul in the model's dtype, as HF's head)."""
-    return torch.log_softmax(F.linear(hidden, weight).float() * inv_t[:, None], -1)
+def _chunk(hidden: torch.Tensor, weight: torch.Tensor, inv_t: torch.Tensor | None) -> torch.Tensor:
+    """A chunk's logits [c, V] in float32, divided by the temperature (`inv_t` None: all 1, the
+    common case, and one pass over [c, V] saved). The matmul in the model's dtype, as HF's head."""
+    z = F.linear(hidden, weight).float()
+    return z if inv_t is None else z.mul_(inv_t[:, None])
 
 
 class _HeadStats(torch.autograd.Function):
@@ -86,16 +88,18 @@ class _HeadStats(torch.autograd.Function):
         others = ((reference, ref_weight), (teacher, teacher_weight))
         logp_t, entropy, kl_ref, kl_teacher, logp_stop = (torch.zeros(n, dtype=torch.float32, device=hidden.device)
                                                           for _ in range(5))
+        ctx.scaled = bool((inv_t != 1).any())  # some reply sampled at a temperature other than 1
         for s in chunks(n, weight.shape[0]):
-            logp = _chunk(hidden[s], weight, inv_t[s])
+            t = inv_t[s] if ctx.scaled else None
+            logp = torch.log_softmax(_chunk(hidden[s], weight, t), -1)
             p = logp.exp()
             logp_t[s] = logp.gather(-1, targets[s, None]).squeeze(-1)
             if stop.shape[0]:
                 logp_stop[s] = torch.logsumexp(logp[:, stop], -1)
-            entropy[s] = -(p * logp).sum(-1)
+            entropy[s] = -torch.linalg.vecdot(p, logp)
             for (h, w), kl in zip(others, (kl_ref, kl_teacher)):
                 if h.shape[0]:
-                    kl[s] = (p * (logp - _chunk(h[s], w, inv_t[s]))).sum(-1)
+                    kl[s] = torch.linalg.vecdot(p, logp - torch.log_softmax(_chunk(h[s], w, t), -1))
         ctx.save_for_backward(hidden, weight, targets, inv_t, reference, ref_weight, teacher, teacher_weight,
                               stop, entropy, kl_ref, kl_teacher, logp_stop)
         ctx.set_materialize_grads(False)  # an output the loss does not use gets None: its term is skipped
@@ -111,23 +115,42 @@ class _HeadStats(torch.autograd.Function):
         kls = [(h, w, kl, g) for h, w, kl, g in ((reference, ref_weight, kl_ref, g_ref),
                                                  (teacher, teacher_weight, kl_teacher, g_teacher))
                if g is not None and h.shape[0]]
+        g_stop = g_stop if g_stop is not None and stop.shape[0] else None
+        # dz = p * (row + logp * slope - sum_k g_k log q_k) + onehot_t * g_logp (+ the stop ids' term),
+        # the docstring's gradients summed: the per-position parts first, then one pass over [c, V]
+        # per term that varies along the vocabulary. Only the target's term: p = softmax, no logp.
+        row = torch.zeros_like(entropy)
+        slope = torch.zeros_like(entropy)
+        for g, value in ((g_logp, None), (g_stop, None), (g_entropy, entropy)):
+            if g is not None:
+                row -= g if value is None else g * value
+        if g_entropy is not None:
+            slope -= g_entropy
+        for _, _, kl, g in kls:
+            row -= g * kl
+            slope += g
+        needs_logp = g_entropy is not None or bool(kls) or g_stop is not None
         grad_h = torch.zeros_like(hidden) if want_h else None
         grad_w = torch.zeros_like(weight, dtype=torch.float32) if want_w else None
         for s in chunks(hidden.shape[0], weight.shape[0]):
-            logp = _chunk(hidden[s], weight, inv_t[s])
-            p = logp.exp()
-            dz = torch.zeros_like(logp)
-            if g_logp is not None:  # the target's term: (onehot - p) * g
-                dz -= p * g_logp[s, None]
+            t = inv_t[s] if ctx.scaled else None
+            z = _chunk(hidden[s], weight, t)
+            if not needs_logp:
+                dz = torch.softmax(z, -1).mul_(row[s, None])
+            else:
+                logp = torch.log_softmax(z, -1)
+                del z
+                m = logp * slope[s, None] if g_entropy is not None or kls else torch.zeros_like(logp)
+                m += row[s, None]
+                for h, w, _, g in kls:
+                    m -= torch.log_softmax(_chunk(h[s], w, t), -1).mul_(g[s, None])
+                dz = m.mul_(logp.exp())
+                if g_stop is not None:  # log sum_S p: p / p_S on S, the -p above elsewhere
+                    dz.index_add_(1, stop, (logp[:, stop] - logp_stop[s, None]).exp() * g_stop[s, None])
+            if g_logp is not None:
                 dz.scatter_add_(-1, targets[s, None], g_logp[s, None])
-            if g_stop is not None and stop.shape[0]:  # log sum_S p: (p / p_S on S, 0 elsewhere - p) * g
-                dz -= p * g_stop[s, None]
-                dz.index_add_(1, stop, (logp[:, stop] - logp_stop[s, None]).exp() * g_stop[s, None])
-            if g_entropy is not None:
-                dz -= p * (logp + entropy[s, None]) * g_entropy[s, None]
-            for h, w, kl, g in kls:
-                dz += p * (logp - _chunk(h[s], w, inv_t[s]) - kl[s, None]) * g[s, None]
-            dz *= inv_t[s, None]
+            if t is not None:
+                dz.mul_(t[:, None])
             if grad_h is not None:
                 grad_h[s] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
             if grad_w is not None:

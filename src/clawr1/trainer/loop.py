@@ -394,8 +394,10 @@ class Trainer:
         hinted samples' tokens; `kl_sampler`, KL(sampler || learner) on the sampled tokens (the logprobs the
         engine stored against the learner's: more than ~0 on fresh samples means off-policy data or
         a mismatch between the engine's maths and the trainer's); `kl`, the penalty's KL (0 when off)."""
+        reference = self.policy.has_base and (self.tc.kl_coef > 0 or (
+            self.tc.kl_base_every > 0 and self.step_count % self.tc.kl_base_every == 0))
         logp, entropies, kls, kl_teacher, logp_stop = self.policy.stats(
-            m.rows, m.mask, reference=self.policy.has_base, teacher=m.teacher, teacher_head=m.teacher_head,
+            m.rows, m.mask, reference=reference, teacher=m.teacher, teacher_head=m.teacher_head,
             stop=m.stop_teacher is not None)
         loss, stats = ppo_loss(logp, m.behaviour, m.advantage, m.mask, self.tc.eps_low, self.tc.eps_high)
         if m.distill is not None:  # `opd_estimator = "full"`: OPD as the KL to the hinted teacher itself
@@ -419,7 +421,7 @@ class Trainer:
                    "adv_mean": float(masked_mean(m.advantage, m.mask)), "entropy": entropy.item(),
                    "kl_sampler": float(kl_to_reference(m.behaviour, logp.detach(), m.sampled))}
         kl = torch.zeros((), device=logp.device)
-        if self.policy.has_base:  # always with LoRA; full fine-tuning keeps the base only for kl_coef / teacher
+        if reference:  # always with LoRA but for `kl_base_every`; full fine-tuning: only for kl_coef / teacher
             kl_base = masked_mean(kls, m.mask)
             metrics["kl_base"] = kl_base.item()
             if self.tc.kl_coef > 0:

@@ -139,6 +139,12 @@ class TrainerConfig(_Section):
     tokens near where the base had it (a trust region that holds under mostly negative rewards).
     Either way the full KL is logged every step (`kl_base`)."""
 
+    kl_base_every: int = Field(1, ge=0, le=10_000)
+    """With `kl_coef = 0` the KL to the base model is only a metric (`kl_base`, the dashboard's
+    drift curve), and measuring it costs a forward pass of the base model on every micro-batch:
+    about a quarter of a LoRA step on the CPU. Measure it on every Nth optimizer step only (0:
+    never). With `kl_coef > 0` the penalty needs it, so it is measured every step whatever this says."""
+
     entropy_coef: float = Field(0.0, ge=0, le=10)
     """Weight of the entropy band: a penalty relu(entropy_min - H) + relu(H - entropy_max) on the
     policy's mean per-token entropy H over a micro-batch's reply positions (nats, whole vocabulary).
