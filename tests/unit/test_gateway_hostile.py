@@ -219,3 +219,30 @@ def test_every_path_gives_its_admission_back(engine, tmp_path, stream):
           error_event=stream)  # commit failed
     check(ScriptedEngine(engine, "Hi."), "gateway.durable_reply=false", expect=200,
           pool_fault="failed")  # reply first: served, the loss logged
+
+
+def test_a_bug_before_the_exchange_is_a_500_in_the_routes_shape_and_counted(scripted, tmp_path, monkeypatch):
+    """A fault in a wire's own parse (`Wire.prepare`) on the hot routes: answered 500 in the route's
+    error shape (Anthropic's on /v1/messages), counted as a 500 on /metrics, nothing admitted."""
+    from clawr1.gateway import anthropic, chat
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug in a wire's parse")
+
+    monkeypatch.setattr(chat.CHAT, "prepare", broken)
+    monkeypatch.setattr(anthropic.MESSAGES, "prepare", broken)
+    with live_gateway(scripted, tmp_path, f'gateway.admin_key="{ADMIN}"') as (base, pool), \
+            httpx.Client(base_url=base, timeout=30) as client:
+        response = client.post(CHAT, json=VALID)
+        assert response.status_code == 500 and openai_shaped(response.json()), response.text
+        assert response.json()["error"]["code"] == "internal_error" and "RuntimeError" in response.text
+        response = client.post("/v1/messages", json={"model": "m", "max_tokens": 3,
+                                                     "messages": [{"role": "user", "content": "hi"}]})
+        assert response.status_code == 500 and anthropic_shaped(response.json()), response.text
+        assert client.post("/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 2}).status_code == 200
+        page = client.get("/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).text
+        counted = {(s.labels["route"], s.labels["status"]): s.value for family in text_string_to_metric_families(page)
+                   for s in family.samples if s.name == "clawr1_requests_total"}
+        assert counted[(CHAT, "500")] == 1 and counted[("/v1/messages", "500")] == 1
+        assert counted[("/v1/completions", "200")] == 1
+        assert inflight(client) == 0 and len(steps_of(pool, 1)) == 1  # only the completion was served

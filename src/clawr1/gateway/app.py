@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 def create_app(engine: Engine, pool: DataPool, config: Config, worker: int = 0,
                internal_key: str | None = None) -> HotRoutes:
     """The gateway's ASGI app: FastAPI with every route, behind `HotRoutes` (the plain generation
-    routes through the metrics and error layers straight to the pipeline). `.state.gateway` is the
+    routes straight to the pipeline, counted and guarded as the metrics and error layers would). `.state.gateway` is the
     `Gateway`. With `gateway.workers` > 1: this process's index, and the key the front process
     asks `/internal/match` with."""
     from clawr1.gateway import (
@@ -104,7 +104,7 @@ def create_app(engine: Engine, pool: DataPool, config: Config, worker: int = 0,
     app.add_middleware(errors.CatchAll)  # inside the metrics, so what it answers is counted
     app.add_middleware(MetricsMiddleware, metrics=gateway.metrics)
     return HotRoutes(app, {path: (wire, _route(router, path)) for path, (wire, router) in hot.items()},
-                     wrap=lambda inner: MetricsMiddleware(errors.CatchAll(inner), metrics=gateway.metrics))
+                     gateway.metrics)
 
 
 def _route(router: APIRouter, path: str) -> APIRoute:

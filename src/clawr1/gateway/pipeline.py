@@ -10,8 +10,9 @@ on every path lives here once:
   engine or the pool;
 - the admission ticket is taken and released inside one coroutine (`Exchange.__call__`) whose
   `finally` every path passes through: success, client disconnect, timeout, engine error,
-  recording error, a bug. The release runs in a task of its own, so even a cancelled request
-  cannot skip it;
+  recording error, a bug. When a request ended with its steps recorded, the release is done
+  there and then (nothing left to await); otherwise it runs in a task of its own, so even a
+  cancelled request cannot skip it;
 - no exception leaves the ASGI call: before the response started, it is answered in the route's
   error shape; after, the stream ends with the format's error event and a clean end of body;
 - with `gateway.durable_reply`, the step is committed before the reply's last byte (the JSON body,
@@ -25,7 +26,7 @@ import concurrent.futures
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,17 +140,19 @@ async def handle(request: Request, wire: Wire, path_ids: tuple[str, str] | None,
 
 class HotRoutes:
     """The ASGI app the server runs, in front of FastAPI: the plain generation routes (`POST
-    /v1/chat/completions` and the like, no ids in the path) go straight to `handle` through
-    `wrap` (the metrics and `CatchAll` layers, the same ones FastAPI's stack has), skipping
+    /v1/chat/completions` and the like, no ids in the path) go straight to `handle`, skipping
     FastAPI's own layers (server errors, body limit, telemetry, exit stack) and its router (a regex
     match over every route, dependency solving): measured, those were about a third of the
-    gateway's CPU a request. The request is labelled with the FastAPI route that serves the same
-    path, so `/metrics` and the OpenAPI schema are unchanged; everything else (other paths and
+    gateway's CPU a request. What the metrics and error layers do for every other route is done
+    inline here, with no wrapper around `send` (each wrapper is a closure and an await per message
+    sent): the request is counted and timed under the FastAPI route that serves the same path (so
+    `/metrics` and the OpenAPI schema are unchanged), with the status the response sent, and a bug
+    before the exchange began is a 500 in the route's error shape. Everything else (other paths and
     methods, lifespan) goes to FastAPI. `state` is FastAPI's (`state.gateway`)."""
 
-    def __init__(self, app: Any, routes: dict[str, tuple[Wire, Any]], wrap: Any = None):
+    def __init__(self, app: Any, routes: dict[str, tuple[Wire, Any]], metrics: Any = None):
         self.app, self.routes, self.state = app, routes, app.state  # path -> (wire, FastAPI route)
-        self.hot = wrap(self._hot) if wrap is not None else self._hot
+        self.metrics = metrics  # `GatewayMetrics`
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         hit = None
@@ -160,13 +163,21 @@ class HotRoutes:
             await self.app(scope, receive, send)
             return
         # What FastAPI would have set: the app (`request.app`) and the route (the metrics' label).
-        scope["app"], scope["route"], scope["clawr1.wire"] = self.app, hit[1], hit[0]
-        await self.hot(scope, receive, send)
-
-    @staticmethod
-    async def _hot(scope: Scope, receive: Receive, send: Send) -> None:
-        response = await handle(Request(scope, receive), scope["clawr1.wire"], None)
-        await response(scope, receive, send)
+        scope["app"], scope["route"] = self.app, hit[1]
+        started = time.perf_counter()
+        response: Response | None = None
+        try:
+            try:
+                response = await handle(Request(scope, receive), hit[0], None)
+            except Exception as exc:  # a bug before the exchange began (`Exchange` answers its own)
+                log.exception("unhandled error in the gateway (POST %s)", scope["path"])
+                response = hit[0].error_response(APIError(
+                    500, f"internal error ({type(exc).__name__}); see the server log", code="internal_error"))
+            await response(scope, receive, send)
+        finally:
+            if self.metrics is not None:
+                self.metrics.request_done(hit[1].path, 500 if response is None else response.status_code,
+                                          time.perf_counter() - started)
 
 
 # OpenClaw-RL's clients name the session in the body as well as in headers: the same three fields.
@@ -211,6 +222,7 @@ class Exchange(Response):
         self.gone = False  # the client disconnected
         self._response_started = self._response_done = False
         self._ticket: Ticket | None = None
+        self.status_code = 500  # the status sent (`HotRoutes` counts it): 500 until a response starts
         self.state: Any = None  # a wire format's own per-stream state (Responses: its event counter)
 
     @property
@@ -239,8 +251,9 @@ class Exchange(Response):
         finally:
             if watcher is not None:
                 watcher.cancel()
-            # A task of its own: if this call is cancelled, the settle (and the release) runs on.
-            await asyncio.shield(self.gw.spawn(self._settle()))
+            if not self._settled_at_once():
+                # A task of its own: if this call is cancelled, the settle (and the release) runs on.
+                await asyncio.shield(self.gw.spawn(self._settle()))
 
     # ---- generation ----------------------------------------------------------------------
     def _start(self) -> list[GenerationStream]:
@@ -296,32 +309,39 @@ class Exchange(Response):
 
     async def _collect(self, watcher: asyncio.Future[None]) -> tuple[list[Generation], str]:
         """Whole generations, or the outcome `disconnected` / `timeout` (the work is cancelled)."""
-        finals = asyncio.ensure_future(asyncio.gather(*[s.final() for s in self.streams]))
+        # One stream (n = 1, the common case) needs no gather around it.
+        finals = asyncio.ensure_future(self.streams[0].final() if len(self.streams) == 1
+                                       else asyncio.gather(*[s.final() for s in self.streams]))
         done, _ = await asyncio.wait({finals, watcher}, timeout=self.gw.config.gateway.request_timeout_s,
                                      return_when=asyncio.FIRST_COMPLETED)
         if finals in done:
-            return list(finals.result()), "ok"
+            return [finals.result()] if len(self.streams) == 1 else list(finals.result()), "ok"
         for stream in self.streams:
             stream.cancel()
         await finals
         return [], "disconnected" if watcher in done else "timeout"
 
     # ---- recording -----------------------------------------------------------------------
-    async def record(self, gens: list[Generation], parsed: list[ParsedCompletion]) -> None:
+    async def record(self, gens: list[Generation], parsed: list[ParsedCompletion],
+                     render: Callable[[], bytes] | None = None) -> bytes | None:
         """Hand every step to the pool (room was reserved at admission), teach the history matcher
-        the reply, and with `durable_reply` wait for the commit (a failed commit raises 503)."""
+        the reply, and with `durable_reply` wait for the commit (a failed commit raises 503).
+        `render`: the reply's body, made while the pool's writer commits (it is returned)."""
         futures = self._submit(gens)
+        rendered = render() if render is not None else None
         if self.gw.config.gateway.durable_reply:
             try:
                 # Shielded: a request cancelled while it waits (shutdown, a hang-up) must not cancel
                 # the pool's futures, or the writer would skip steps it was already handed.
-                await asyncio.shield(asyncio.gather(*[asyncio.wrap_future(f) for f in futures]))
+                await asyncio.shield(asyncio.wrap_future(futures[0]) if len(futures) == 1
+                                     else asyncio.gather(*[asyncio.wrap_future(f) for f in futures]))
             except Exception as exc:
                 raise APIError(503, f"the data pool could not store this reply ({type(exc).__name__}: {exc}); "
                                     "nothing was kept, retry", code="pool_unavailable") from exc
         # After the commit: a reply the client never gets (503) must not be matched as history.
         if parsed and self.job.messages:
             self.gw.sessions.record(self.turns[0], self.job.messages, schema.message_of(parsed[0]))
+        return rendered
 
     def _submit(self, gens: list[Generation]) -> list[Any]:
         self.recorded = True
@@ -345,6 +365,16 @@ class Exchange(Response):
         if self._ticket is not None:
             self._ticket.release()  # handed to the pool's queue: its room is the queue's now
         return futures
+
+    def _settled_at_once(self) -> bool:
+        """The common end (every step recorded, no session to close): `_settle` would not await
+        anything, so it runs here and now, without a task of its own (its ticket went with the
+        steps, in `_submit`). False: nothing was done."""
+        if not self.recorded or any(turn.done for turn in self.turns):
+            return False
+        for stream in self.streams:
+            stream.cancel()  # a no-op for finished streams
+        return True
 
     async def _settle(self) -> None:
         """Every path ends here: stop the engine, record what was sampled and not yet recorded
@@ -380,11 +410,12 @@ class Exchange(Response):
                                             f"{self.gw.config.gateway.request_timeout_s} s", code="timeout"))
             return
         parsed = [self.gw.engine.parse(g.content) for g in gens]
-        await self.record(gens, parsed)
-        response = JSONResponse(self.wire.body(self, gens, parsed))
-        await self._send_body(200, response.body, [(b"content-type", b"application/json")])
+        body = await self.record(gens, parsed, lambda: JSONResponse(self.wire.body(self, gens, parsed)).body)
+        assert body is not None
+        await self._send_body(200, body, [(b"content-type", b"application/json")])
 
     async def _stream(self) -> None:
+        self.status_code = 200
         await self._send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
         self._response_started = True
         chunks = self.wire.events(self)
@@ -412,6 +443,7 @@ class Exchange(Response):
 
     async def _send_body(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
         headers = headers + [(b"content-length", str(len(body)).encode())]
+        self.status_code = status
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
         self._response_started = self._response_done = True
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
