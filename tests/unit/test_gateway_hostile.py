@@ -239,10 +239,52 @@ def test_a_bug_before_the_exchange_is_a_500_in_the_routes_shape_and_counted(scri
         response = client.post("/v1/messages", json={"model": "m", "max_tokens": 3,
                                                      "messages": [{"role": "user", "content": "hi"}]})
         assert response.status_code == 500 and anthropic_shaped(response.json()), response.text
-        assert client.post("/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 2}).status_code == 200
+        completion = {"model": "m", "prompt": "hi", "max_tokens": 2}
+        assert client.post("/v1/completions", json=completion).status_code == 200
+        with client.stream("POST", "/v1/completions", json={**completion, "stream": True}) as streamed:
+            assert streamed.status_code == 200 and "[DONE]" in streamed.read().decode()
         page = client.get("/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).text
         counted = {(s.labels["route"], s.labels["status"]): s.value for family in text_string_to_metric_families(page)
                    for s in family.samples if s.name == "clawr1_requests_total"}
         assert counted[(CHAT, "500")] == 1 and counted[("/v1/messages", "500")] == 1
-        assert counted[("/v1/completions", "200")] == 1
-        assert inflight(client) == 0 and len(steps_of(pool, 1)) == 1  # only the completion was served
+        assert counted[("/v1/completions", "200")] == 2  # plain and streamed, each with the status it sent
+        assert inflight(client) == 0 and len(steps_of(pool, 2)) == 2  # only the completions were served
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_fault_while_recording_or_settling_frees_the_slot_and_stays_in_the_gateway(scripted, tmp_path, monkeypatch,
+                                                                                  caplog, stream):
+    """A bug while the steps are handed to the pool (a half-done `_submit`) still gives the
+    admission back; a failure in the settle after the reply (closing an `X-Session-Done` session
+    on a pool that cannot) is logged by the gateway, not thrown at the ASGI server."""
+    from clawr1.gateway import pipeline
+
+    class ClosingFails:
+        def __init__(self, pool: Any):
+            self.pool = pool
+
+        def close_session(self, *args: Any, **kwargs: Any) -> Any:
+            raise OSError(5, "Input/output error")
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.pool, name)
+
+    body = {**VALID, "stream": stream}
+    with live_gateway(scripted, tmp_path, f'gateway.admin_key="{ADMIN}"', wrap_pool=ClosingFails) as (base, _pool), \
+            httpx.Client(base_url=base, timeout=30) as client:
+        response = client.post(CHAT, json=body, headers={"X-Session-Done": "true"})
+        assert response.status_code == 200, response.text
+        assert wait_for(lambda: "unhandled error in the gateway" in caplog.text, what="the settle's error logged")
+        assert "Exception in ASGI application" not in caplog.text
+        assert wait_for(lambda: inflight(client) == 0, what="inflight back to 0")
+
+        def broken_step(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("a bug while building the step")
+
+        monkeypatch.setattr(pipeline, "Step", broken_step)
+        response = client.post(CHAT, json=body)
+        assert response.status_code == (200 if stream else 500), response.text
+        if stream:  # the stream had started: it ends with an error event
+            last = [line for line in response.text.splitlines() if line.startswith("data: ")][-1]
+            assert openai_shaped(json.loads(last[6:])), response.text
+        assert wait_for(lambda: inflight(client) == 0, what="inflight back to 0 after a half-done _submit")

@@ -18,6 +18,8 @@ from typing import Any, Literal, Self
 
 from clawr1.core.records import DEFAULT_TENANT, Hint, Lease, Reward, Step
 
+TRAINED = "trained"  # the status of the trainer's row for a version in the version log (its metrics as scores)
+
 
 class PoolFullError(Exception):
     """The writer's queue is full; the caller should shed load (the gateway answers 429)."""
@@ -340,6 +342,15 @@ class PoolReadModel(ABC):
     def policy_versions(self, adapter: str | None = None) -> list[dict[str, Any]]:
         """Every recorded version event (of one adapter or all), oldest first: `adapter`, `version`,
         `status`, `reason`, `scores`, `decided_at`."""
+
+    def trained_versions(self, adapter: str | None = None) -> list[dict[str, Any]]:
+        """The trainer's metrics per version, oldest first, from the version log (the `trained`
+        rows `record_version` got from the trainer, wherever it ran): the newest row of a version
+        wins (a resumed trainer may record one again); `time` is when it was recorded (after
+        publication)."""
+        by_version = {row["version"]: {**row["scores"], "time": row["decided_at"]}
+                      for row in self.policy_versions(adapter) if row["status"] == TRAINED}
+        return [by_version[v] for v in sorted(by_version)]
 
 
 class DataPool(PoolQueue, PoolReadModel):

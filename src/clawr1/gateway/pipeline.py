@@ -171,13 +171,22 @@ class HotRoutes:
                 response = await handle(Request(scope, receive), hit[0], None)
             except Exception as exc:  # a bug before the exchange began (`Exchange` answers its own)
                 log.exception("unhandled error in the gateway (POST %s)", scope["path"])
-                response = hit[0].error_response(APIError(
-                    500, f"internal error ({type(exc).__name__}); see the server log", code="internal_error"))
+                response = hit[0].error_response(_internal(exc))
             await response(scope, receive, send)
+        except Exception as exc:  # raised after the answer was under way (a settle that failed): as CatchAll
+            log.exception("unhandled error in the gateway (POST %s)", scope["path"])
+            if isinstance(response, Exchange) and not response.response_started:
+                await hit[0].error_response(_internal(exc))(scope, receive, send)
+            elif isinstance(response, Exchange) and not response.response_done:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             if self.metrics is not None:
                 self.metrics.request_done(hit[1].path, 500 if response is None else response.status_code,
                                           time.perf_counter() - started)
+
+
+def _internal(exc: Exception) -> APIError:
+    return APIError(500, f"internal error ({type(exc).__name__}); see the server log", code="internal_error")
 
 
 # OpenClaw-RL's clients name the session in the body as well as in headers: the same three fields.
@@ -220,7 +229,7 @@ class Exchange(Response):
         self.turns: list[Turn] = []
         self.recorded = False
         self.gone = False  # the client disconnected
-        self._response_started = self._response_done = False
+        self.response_started = self.response_done = False
         self._ticket: Ticket | None = None
         self.status_code = 500  # the status sent (`HotRoutes` counts it): 500 until a response starts
         self.state: Any = None  # a wire format's own per-stream state (Responses: its event counter)
@@ -246,8 +255,7 @@ class Exchange(Response):
             await self._error(exc)
         except Exception as exc:  # a bug: answered in the route's shape, never a dropped connection
             log.exception("unhandled error serving %s", self.job.reply_id)
-            await self._error(APIError(500, f"internal error ({type(exc).__name__}); see the server log",
-                                       code="internal_error"))
+            await self._error(_internal(exc))
         finally:
             if watcher is not None:
                 watcher.cancel()
@@ -368,12 +376,13 @@ class Exchange(Response):
 
     def _settled_at_once(self) -> bool:
         """The common end (every step recorded, no session to close): `_settle` would not await
-        anything, so it runs here and now, without a task of its own (its ticket went with the
-        steps, in `_submit`). False: nothing was done."""
+        anything, so it runs here and now, without a task of its own. False: nothing was done."""
         if not self.recorded or any(turn.done for turn in self.turns):
             return False
         for stream in self.streams:
             stream.cancel()  # a no-op for finished streams
+        if self._ticket is not None:
+            self._ticket.release()  # a no-op when `_submit` got through; not when it failed half-way
         return True
 
     async def _settle(self) -> None:
@@ -417,7 +426,7 @@ class Exchange(Response):
     async def _stream(self) -> None:
         self.status_code = 200
         await self._send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-        self._response_started = True
+        self.response_started = True
         chunks = self.wire.events(self)
         try:
             async for chunk in chunks:
@@ -437,24 +446,24 @@ class Exchange(Response):
         await self._send({"type": "http.response.body", "body": text.encode(), "more_body": True})
 
     async def _end(self) -> None:
-        if not self._response_done:
-            self._response_done = True
+        if not self.response_done:
+            self.response_done = True
             await self._send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _send_body(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
         headers = headers + [(b"content-length", str(len(body)).encode())]
         self.status_code = status
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
-        self._response_started = self._response_done = True
+        self.response_started = self.response_done = True
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def _error(self, exc: APIError | EngineError) -> None:
         """Before the response started: the route's error shape. After (a stream): its error
         event, then the end of the body."""
-        if not self._response_started:
+        if not self.response_started:
             body = JSONResponse(self.wire.error_body(exc)).body
             await self._send_body(exc.status, body, [(b"content-type", b"application/json")])
-        elif not self._response_done:
+        elif not self.response_done:
             await self._chunk(self.wire.stream_error(self, exc))
             await self._end()
 

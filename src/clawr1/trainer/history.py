@@ -1,7 +1,8 @@
 """The trainer's per-version log, `<data_dir>/trainer/metrics.jsonl`: one JSON object per published
 version (its metrics, the lease it trained on, when it was published). The loop appends it (and
-mirrors it to TensorBoard, and to Weights & Biases when configured); the dashboard and the demo
-read it. Reading imports nothing heavy (no torch, no wandb)."""
+mirrors it to TensorBoard, and to Weights & Biases when configured); the demo reads it. Each version's
+metrics also go to the pool's version log (`record_in_pool`), where the dashboard reads them
+(`pool.trained_versions`) wherever the trainer runs. Reading imports nothing heavy (no torch, no wandb)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from clawr1.datapool.base import TRAINED
 
 if TYPE_CHECKING:
     from clawr1.datapool.base import PoolQueue
@@ -31,22 +34,12 @@ DRIFT_FIELDS = (
 log = logging.getLogger(__name__)
 
 
-TRAINED = "trained"  # the status of a version's row in the pool's version log written by the trainer
-
-
 def record_in_pool(pool: PoolQueue, adapter: str, metrics: dict[str, Any]) -> None:
     """A published version's metrics as a row of the pool's version log (`policy_versions`, beside
-    the guard's decisions), which the dashboard reads: status `trained`, the metrics as its scores."""
+    the guard's decisions), which the dashboard reads (`pool.trained_versions`): status `trained`,
+    the metrics as its scores."""
     pool.record_version(adapter, int(metrics["version"]), TRAINED,
                         f"trained on {metrics.get('lease', 0)} samples", metrics)
-
-
-def trained_in_pool(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The trainer's metrics per version from the pool's version log (`pool.policy_versions`), the
-    newest row of a version winning (a resumed trainer may record one again); `time` is when it
-    was recorded (after publication)."""
-    by_version = {row["version"]: {**row["scores"], "time": row["decided_at"]} for row in rows if row["status"] == TRAINED}
-    return [by_version[v] for v in sorted(by_version)]
 
 
 def metrics_path(data_dir: Path, tenant: str | None = None) -> Path:

@@ -137,7 +137,8 @@ class TrainerConfig(_Section):
     sampled token only (sees only where the samples went); `full`, the exact KL(policy || base)
     over the whole vocabulary, which also holds the probability the policy moves off the sampled
     tokens near where the base had it (a trust region that holds under mostly negative rewards).
-    Either way the full KL is logged every step (`kl_base`)."""
+    Either way the full KL is logged (`kl_base`): every step, or as `kl_base_every` says when the
+    penalty is off."""
 
     kl_base_every: int = Field(1, ge=0, le=10_000)
     """With `kl_coef = 0` the KL to the base model is only a metric (`kl_base`, the dashboard's

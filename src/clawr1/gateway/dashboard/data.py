@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 from clawr1.core.records import DEFAULT_TENANT
 from clawr1.engine import adapters as store
-from clawr1.trainer.history import trained_in_pool
 
 if TYPE_CHECKING:
     from clawr1.gateway.service import Gateway
@@ -95,7 +94,7 @@ def summary(gw: Gateway, tenant: str | None = None, *,
     pool = gw.pool
     served_to = tenant or DEFAULT_TENANT
     adapter = gw.adapter_of(served_to)
-    trained = trained_in_pool(pool.policy_versions(adapter))
+    trained = pool.trained_versions(adapter)
     ready = pool.lease_ready_times([lease for m in trained for lease in _leases(m)])
     # With per-tenant adapters, a version number means something only within one tenant's line.
     serving = pool.versions(served_to if gw.per_tenant else tenant)
