@@ -339,3 +339,20 @@ def test_the_front_is_a_thin_process():
     probe = "import sys, clawr1.entrypoints.front; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_after_a_restart_each_worker_relearns_only_the_sessions_it_serves(engine, tmp_path, generations):
+    from tests.unit.test_trainer import step_of
+
+    pool = SQLitePool(tmp_path, config(tmp_path).pool)
+    try:
+        for i in range(8):
+            pool.append_step(step_of(i, *generations[i]))  # sessions s0..s7, open, just active
+        mine = {worker: {f"s{i}" for i in range(8) if owner(f"s{i}", 2) == worker} for worker in (0, 1)}
+        assert mine[0] and mine[1]  # both workers own some
+        for worker in (0, 1):
+            gw = Gateway(engine, pool, config(tmp_path), worker=worker)
+            assert gw.restore_sessions() == len(mine[worker])
+            assert set(gw.sessions.matcher._last) == mine[worker]
+    finally:
+        pool.close()

@@ -276,7 +276,7 @@ class Gateway:
         for session in self.pool.sessions(limit=limit):
             if session["status"] != "open" or session["updated_at"] < cutoff:
                 continue
-            if self.workers > 1 and dispatch.owner(session["session_id"], self.workers) != self.worker:
+            if self.sessions.owns is not None and not self.sessions.owns(session["session_id"]):
                 continue  # another gateway process serves it
             turns = self.pool.show(session["session_id"], session["tenant"])["steps"]
             mains = [t for t in turns if t["turn_type"] == "main"]
