@@ -33,20 +33,27 @@ def test_without_a_name_history_decides_and_routing_hashes_the_first_user_messag
 
 
 def test_a_requests_messages_are_hashed_once_from_matching_to_recording(monkeypatch):
-    from clawr1.gateway import matcher, sessions
+    from clawr1.gateway import matcher
 
-    calls = []
-    real = matcher.fingerprint
+    calls, extended = [], []
+    real_fingerprint, real_extend = matcher.fingerprint, matcher._extend
 
     def counted(message):
         calls.append(message.get("content"))
-        return real(message)
+        return real_fingerprint(message)
+
+    def extend(prefix_hash, fp):
+        extended.append(fp)
+        return real_extend(prefix_hash, fp)
 
     monkeypatch.setattr(matcher, "fingerprint", counted)
-    monkeypatch.setattr(sessions, "fingerprint", counted)
+    monkeypatch.setattr(matcher, "_extend", extend)
     resolver = SessionResolver(lambda session, tenant: None)
     turn = resolver.resolve("acme", MESSAGES, {})
     resolver.record(turn, MESSAGES, {"role": "assistant", "content": "Yo"})
     assert sorted(calls) == sorted(["You are terse.", "Hi", "Yo"])  # each message once, and the reply
+    # Each prefix's rolling hash once (matching), then the two index keys (with and without the
+    # last message) each one step on from a prefix already hashed: O(1) at recording, not O(n).
+    assert len(extended) == len(MESSAGES) + 2
     follow = [*MESSAGES, {"role": "assistant", "content": "Yo"}, {"role": "user", "content": "More"}]
     assert resolver.resolve("acme", follow, {}).session_id == turn.session_id  # still matched

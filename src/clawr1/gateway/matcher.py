@@ -67,13 +67,27 @@ def fingerprint(message: dict[str, Any]) -> str:
     return hashlib.blake2b(body.encode(), digest_size=16).hexdigest()
 
 
-def rolling(fingerprints: list[str]) -> list[str]:
-    """h[i] identifies the prefix of length i + 1."""
-    out, h = [], ""
-    for fp in fingerprints:
-        h = hashlib.blake2b((h + fp).encode(), digest_size=16).hexdigest()
-        out.append(h)
-    return out
+def _extend(prefix_hash: str, fp: str) -> str:
+    """The rolling hash of a prefix (`""`: the empty one) followed by one more message."""
+    return hashlib.blake2b((prefix_hash + fp).encode(), digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True)
+class Hashed:
+    """A request's messages hashed once, for both the lookup (`find`) and, after the reply, the
+    index entry (`record`): each message's fingerprint, and `prefixes[k]`, the rolling hash of
+    the first k messages (`prefixes[0]`: none)."""
+
+    fps: list[str]
+    prefixes: list[str]
+
+
+def hashed(messages: list[dict[str, Any]]) -> Hashed:
+    fps = [fingerprint(m) for m in messages]
+    prefixes = [""]
+    for fp in fps:
+        prefixes.append(_extend(prefixes[-1], fp))
+    return Hashed(fps, prefixes)
 
 
 @dataclass(frozen=True)
@@ -101,16 +115,15 @@ class HistoryMatcher:
         self._summaries: dict[tuple[str, str], str] = {}
         self._summary_keys: dict[str, tuple[str, str]] = {}
 
-    def find(self, tenant: str, messages: list[dict[str, Any]], fps: list[str] | None = None) -> Match | None:
-        """The session whose transcript is the longest prefix of `messages`, if any. `fps`: the
-        messages' fingerprints when the caller has them (a request's messages are hashed once)."""
-        fps = fps if fps is not None else [fingerprint(m) for m in messages]
-        hashes = rolling(fps)
-        for i in range(len(hashes) - 1, -1, -1):
-            hit = self._index.get((tenant, hashes[i]))
+    def find(self, tenant: str, messages: list[dict[str, Any]], hashes: Hashed | None = None) -> Match | None:
+        """The session whose transcript is the longest prefix of `messages`, if any. `hashes`: the
+        messages' `hashed`, when the caller has it (a request's messages are hashed once)."""
+        hashes = hashes if hashes is not None else hashed(messages)
+        for k in range(len(messages), 0, -1):
+            hit = self._index.get((tenant, hashes.prefixes[k]))
             if hit is not None:
-                return Match(hit[0], i + 1)
-        return self._compacted(tenant, messages, fps)
+                return Match(hit[0], k)
+        return self._compacted(tenant, messages, hashes.fps)
 
     def _compacted(self, tenant: str, messages: list[dict[str, Any]], fps: list[str]) -> Match | None:
         """The session a compacted request continues: the request's last assistant message is the
@@ -168,18 +181,18 @@ class HistoryMatcher:
         return held[0] if len(held) == 1 else None
 
     def record(self, tenant: str, session_id: str, messages: list[dict[str, Any]], reply: dict[str, Any],
-               fps: list[str] | None = None) -> None:
+               hashes: Hashed | None = None) -> None:
         """After a turn: the next request of this session starts with these messages + reply
-        (`fps`: their fingerprints, when `find` already computed them)."""
+        (`hashes`: theirs, when `find` already had them)."""
         self.forget(session_id)
-        fps = fps if fps is not None else [fingerprint(m) for m in messages]
-        reply_fp = fingerprint(reply)
+        hashes = hashes if hashes is not None else hashed(messages)
+        fps, reply_fp = hashes.fps, fingerprint(reply)
         keys = []
-        variants = [fps] + ([fps[:-1]] if len(fps) > 1 else [])  # the last message may be dropped
-        for prefix in variants:
-            full = rolling(prefix + [reply_fp])
-            keys.append((tenant, full[-1]))
-            self._index[(tenant, full[-1])] = (session_id, len(full))
+        lengths = [len(fps)] + ([len(fps) - 1] if len(fps) > 1 else [])  # the last message may be dropped
+        for length in lengths:
+            key = (tenant, _extend(hashes.prefixes[length], reply_fp))
+            keys.append(key)
+            self._index[key] = (session_id, length + 1)
         self._keys[session_id] = keys
         system = fps[0] if messages and messages[0].get("role") in ("system", "developer") else None
         self._tails.setdefault((tenant, reply_fp), {})[session_id] = (system, frozenset(fps[-2:]))

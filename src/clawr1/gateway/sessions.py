@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from clawr1.gateway.ids import new_id
-from clawr1.gateway.matcher import HistoryMatcher, fingerprint, is_summariser_call
+from clawr1.gateway.matcher import Hashed, HistoryMatcher, hashed, is_summariser_call
 
 SESSION_KEY_PREFIX = "sk-clawr1-s-"  # per-session keys are recognisable, so an unknown one is refused
 
@@ -32,9 +32,9 @@ class Turn:
     turn_type: Literal["main", "side"]
     done: bool  # X-Session-Done: close the session once this turn is stored
     how: Literal["path", "header", "key", "matched", "compacted", "new"]
-    # The request messages' fingerprints when history matching computed them: `record` reuses
-    # them, so a request's messages are hashed once.
-    fingerprints: list[str] | None = dataclasses.field(default=None, compare=False, repr=False)
+    # The request messages' hashes when history matching computed them: `record` reuses them, so
+    # a request's messages are hashed once.
+    hashes: Hashed | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 class SessionResolver:
@@ -69,19 +69,19 @@ class SessionResolver:
         done = headers.get("x-session-done", "").strip().lower() in ("1", "true", "yes")
         how: Literal["path", "header", "key", "matched", "compacted", "new"]
         named = named_session(headers, path_ids, bound_session)
-        fps = None
+        hashes = None
         if named is not None:
             session_id, prompt_id, how = named
         else:
-            fps = [fingerprint(m) for m in messages]  # outside the lock: the costly part
+            hashes = hashed(messages)  # outside the lock: the costly part
             with self._lock:
-                match = self.matcher.find(tenant, messages, fps) if messages else None
+                match = self.matcher.find(tenant, messages, hashes) if messages else None
             if match is None:
                 session_id, how = self._new_id(), "new"
             else:
                 session_id, how = match.session_id, ("compacted" if match.compacted else "matched")
             prompt_id = session_id
-        return Turn(tenant, session_id, prompt_id, -1, turn_type, done, how, fps)  # type: ignore[arg-type]
+        return Turn(tenant, session_id, prompt_id, -1, turn_type, done, how, hashes)  # type: ignore[arg-type]
 
     def _new_id(self) -> str:
         session_id = new_id("s-")
@@ -117,7 +117,7 @@ class SessionResolver:
         if turn.turn_type == "main" and messages:
             with self._lock:
                 if (turn.tenant, turn.session_id) in self._next_turn:  # not closed meanwhile
-                    self.matcher.record(turn.tenant, turn.session_id, messages, reply, turn.fingerprints)
+                    self.matcher.record(turn.tenant, turn.session_id, messages, reply, turn.hashes)
         elif is_summariser_call(messages):
             with self._lock:
                 self.matcher.record_summary(turn.tenant, messages, reply)
