@@ -68,6 +68,9 @@ class FakeStream:
         gen.text += PIECES[i]
         return TokenEvent(REPLY_IDS[i], REPLY_LOGPROBS[i], PIECES[i])
 
+    def ready(self) -> bool:
+        return True  # never waits
+
     async def final(self) -> Generation:
         async for _ in self:
             pass

@@ -35,6 +35,11 @@ class ScriptedStream:
         i, self.sampled = self.sampled, self.sampled + 1
         return TokenEvent(self.token_ids[i], LOGPROB, self.pieces[i])
 
+    def ready(self) -> bool:
+        """The next token is due (or the stream is over): `__anext__` will not wait for it."""
+        over = self.cancelled or self.sampled == len(self.token_ids)
+        return over or time.monotonic() >= self.submitted + (self.sampled + 1) * self.delay
+
     async def final(self) -> Generation:
         async for _ in self:
             pass

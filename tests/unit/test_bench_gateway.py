@@ -65,16 +65,18 @@ def test_benchmark_smoke_measures_every_target_with_recording_on(tmp_path):
     config = load_config(None, [f'data_dir="{tmp_path}"'])
     out = io.StringIO()
     numbers = bench.run(config, Console(file=out, width=120), requests=20, concurrency=(1, 4),
-                        include_litellm=False, seconds=2.0, workers=2)
+                        include_litellm=False, seconds=2.0, workers=2, rounds=2)
     assert set(numbers["targets"]) == {"direct", "passthrough", "gateway", "gateway x2"}
     for name, modes in numbers["targets"].items():
         for mode in ("plain", "stream"):
             for c in ("1", "4"):
                 cell = modes[mode][c]
-                assert cell["errors"] == 0 and cell["n"] > 0 and cell["req_s"] > 0, (name, mode, c, cell)
+                assert cell["errors"] == 0 and cell["req_s"] > 0, (name, mode, c, cell)
+                assert cell["n"] == 2 * 20  # both rounds, each its 20 requests
                 assert cell["p99_ms"] >= cell["p50_ms"] > 0
                 if name != "direct":
                     assert "added_p50_ms" in cell
+    assert {"cpu_ms_at_4", "req_s_vs_passthrough_at_4", "added_p50_ms_at_1"} <= set(numbers["goals"])
     recording = numbers["recording"]
     # Every answered request (readiness probe, warm-ups, measured) is a committed step of the gateway's pool.
     assert recording["ok"] and recording["recorded_steps"] == recording["served"] > 4 * 20
@@ -85,3 +87,11 @@ def test_benchmark_smoke_measures_every_target_with_recording_on(tmp_path):
     assert "LiteLLM" not in out.getvalue() and "passthrough" in out.getvalue()
     json.dumps(numbers)  # JSON-serialisable, for `clawr1 bench gateway --json`
     assert not list(tmp_path.iterdir())  # the benchmark records into its own temporary pool, not data_dir
+
+
+def test_a_cell_over_rounds_takes_each_numbers_median():
+    runs = [{"n": 10, "errors": 0, "req_s": 100.0, "cpu_ms": 0.30},
+            {"n": 10, "errors": 1, "req_s": 300.0, "cpu_ms": 0.20, "first_error": "HTTP 500: b''"},
+            {"n": 10, "errors": 0, "req_s": 200.0, "cpu_ms": 0.25}]
+    cell = bench._median_cell(runs)
+    assert cell == {"n": 30, "errors": 1, "req_s": 200.0, "cpu_ms": 0.25, "first_error": "HTTP 500: b''"}

@@ -369,3 +369,27 @@ asyncio.run(main())
 """)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0 and "terminate called" not in done.stderr, done.stderr[-2000:]
+
+
+def test_a_stream_is_ready_exactly_when_its_next_event_needs_no_wait():
+    """`QueuedStream.ready()` (both engines' stream): the gateway sends held events together and
+    skips the keep-alive timer on it, so it must never say ready while `__anext__` would wait."""
+    from clawr1.core.types import Generation, TokenEvent
+    from clawr1.engine.queued import QueuedStream
+
+    async def go():
+        stream = QueuedStream(asyncio.Queue(), 0)
+        seen = [stream.ready()]  # nothing sampled yet
+        stream.out.put_nowait(TokenEvent(7, -0.5, "a"))
+        seen.append(stream.ready())
+        await stream.__anext__()
+        seen.append(stream.ready())  # consumed: the next one is still to come
+        stream.out.put_nowait(Generation(prompt_ids=[1], token_ids=[7], logprobs=[-0.5], text="a", version=0,
+                                         temperature=1.0, finish_reason="stop"))
+        seen.append(stream.ready())
+        with pytest.raises(StopAsyncIteration):
+            await stream.__anext__()
+        seen.append(stream.ready())  # over: the next call ends at once
+        return seen
+
+    assert run(go()) == [False, True, False, True, True]

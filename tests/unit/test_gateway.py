@@ -181,3 +181,67 @@ def test_streamed_logprobs_cover_every_sampled_token(server):
     [step] = steps_of(pool, 1)
     assert streamed == step.logprobs
     assert {c.system_fingerprint for c in chunks} == {"clawr1-v0"}
+
+
+async def _stream_writes(app, body: dict) -> list[bytes]:
+    """POST a streamed chat request straight to the ASGI app; the body of each send, in order."""
+    lifespan: asyncio.Queue = asyncio.Queue()
+    await lifespan.put({"type": "lifespan.startup"})
+    started = asyncio.Event()
+
+    async def lifespan_send(message):
+        started.set()
+
+    task = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, lifespan.get,
+                                   lifespan_send))
+    await started.wait()
+    raw = json.dumps(body).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "root_path": "", "query_string": b"",
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2), "state": {}}
+    requests = [{"type": "http.request", "body": raw, "more_body": False}]
+    writes: list[bytes] = []
+    never = asyncio.Event()
+
+    async def receive():
+        if requests:
+            return requests.pop()
+        await never.wait()  # the client stays connected
+
+    async def send(message):
+        if message["type"] == "http.response.body" and message.get("body"):
+            writes.append(message["body"])
+
+    await app(scope, receive, send)
+    await lifespan.put({"type": "lifespan.shutdown"})
+    await task
+    return writes
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.05])
+def test_a_burst_of_ready_tokens_is_one_write_and_a_token_waited_for_is_sent_at_once(engine, tmp_path, delay):
+    """A streamed reply holds an event while the engine's next one is already there and sends the
+    held ones together: tokens sampled at once (delay 0: a burst) cost one write, not one each;
+    tokens the gateway had to wait for (delay 0.05 s) each go out as soon as they come. The
+    events the client reads are the same either way."""
+    from tests.scripted_engine import ScriptedEngine
+
+    reply = "one two three four five six seven eight"
+    scripted = ScriptedEngine(engine, reply, delay=delay)
+    tokens = len(scripted.generate([1], None).token_ids)  # what the stream will yield, end of text included
+    config = load_config(None, [f'data_dir="{tmp_path}"'])
+    pool = SQLitePool(tmp_path, config.pool)
+    try:
+        writes = run(_stream_writes(create_app(scripted, pool, config),
+                                    {"model": "m", "messages": [{"role": "user", "content": "Count."}], "stream": True}))
+    finally:
+        pool.close()
+    events = [e for e in b"".join(writes).decode().split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == reply
+    if delay == 0:
+        assert len(writes) <= 3  # the role chunk, then everything that was ready together
+    else:
+        assert len(writes) >= tokens  # each awaited token in a write of its own

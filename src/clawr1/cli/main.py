@@ -290,7 +290,8 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
             numbers = bench.bench_pool(Path(tmp), steps=args.steps, config=config.pool)
     elif args.what == "gateway":
         numbers = bench.run(config, console, requests=args.requests, include_litellm=not args.no_litellm,
-                            durable_both=args.durable == "both", workers=args.workers, fronts=args.fronts)
+                            durable_both=args.durable == "both", workers=args.workers, fronts=args.fronts,
+                            rounds=args.rounds)
     elif args.what == "trainer":
         numbers = bench.run(config, console, device=args.device, dtype=args.dtype, shape=args.shape,
                             samples=args.samples, reply_tokens=args.reply_tokens,
@@ -475,6 +476,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=1,
                    help="gateway: also run it with gateway.workers = N (front + N processes), for the scaling")
     p.add_argument("--fronts", type=int, default=1, help="gateway, with --workers: gateway.fronts (front processes)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="gateway: measure every target N times, taking turns; each number the median of its rounds")
     p.add_argument("--device", default="cpu", help="trainer: torch device of both sides (cpu, cuda, cuda:N)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="trainer: base weights' dtype (LoRA stays float32)")

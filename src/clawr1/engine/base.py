@@ -10,7 +10,12 @@ from clawr1.core.types import Generation, ParsedCompletion, SamplingParams, Toke
 
 
 class GenerationStream(Protocol):
-    """Tokens as they are sampled; `final()` drains the rest and returns the whole Generation."""
+    """Tokens as they are sampled; `final()` drains the rest and returns the whole Generation.
+
+    Optional: `ready() -> bool`, whether the next `__anext__` returns (or ends) without waiting.
+    With it, a streamed reply sends the events that are ready together in one write (a burst from
+    a remote engine, a loaded event loop) and waits on no timer for them; without it, each token
+    is a write of its own. It must not say True when `__anext__` would wait."""
 
     version: int  # the policy version serving it, fixed when the request was submitted
 

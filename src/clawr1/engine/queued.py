@@ -30,6 +30,11 @@ class QueuedStream:
             raise StopAsyncIteration
         return item
 
+    def ready(self) -> bool:
+        """Whether `__anext__` returns (or ends) without waiting: the tokens a burst left on the
+        queue go out in one write, with no keep-alive timer each (see `GenerationStream`)."""
+        return self.generation is not None or self._failed or not self.out.empty()
+
     async def final(self) -> Generation:
         async for _ in self:
             pass

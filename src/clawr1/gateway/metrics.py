@@ -216,6 +216,10 @@ class TimedStream:
     def cancel(self) -> None:
         self._inner.cancel()
 
+    def ready(self) -> bool:
+        ready = getattr(self._inner, "ready", None)  # optional in the engine contract
+        return ready is not None and ready()
+
 
 class MetricsMiddleware:
     """Counts every HTTP request by route template and status, and times it to its last byte."""

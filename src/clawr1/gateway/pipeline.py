@@ -428,18 +428,27 @@ class Exchange(Response):
         await self._send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
         self.response_started = True
         chunks = self.wire.events(self)
+        # Events are held while the engine's next one is already there (`ready`), and the ones
+        # held go out in one write: a burst of tokens costs one send, not one each. The first
+        # event (the role) and any token that had to be waited for still go out at once.
+        held: list[str] = []
         try:
             async for chunk in chunks:
                 if self.gone:
                     break
-                await self._chunk(chunk)
+                held.append(chunk)
+                if not self.streams[0].ready():
+                    await self._chunk("".join(held))
+                    held.clear()
         except TimedOut:
-            await self._chunk(self.wire.stream_error(self, APIError(
+            held.append(self.wire.stream_error(self, APIError(
                 504, f"the engine did not finish within {self.gw.config.gateway.request_timeout_s} s", code="timeout")))
         except (APIError, EngineError) as exc:
-            await self._chunk(self.wire.stream_error(self, exc))
+            held.append(self.wire.stream_error(self, exc))
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
+        if held and not self.gone:
+            await self._chunk("".join(held))
         await self._end()
 
     async def _chunk(self, text: str) -> None:

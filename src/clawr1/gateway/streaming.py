@@ -23,10 +23,18 @@ async def events(stream: GenerationStream, keepalive_s: float, timeout_s: float)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     iterator = stream.__aiter__()
+    ready = getattr(stream, "ready", None)  # optional in the engine contract
     while True:
         left = deadline - loop.time()
         if left <= 0:
             raise TimedOut
+        if ready is not None and ready():  # no wait ahead: no timer to arm and cancel
+            try:
+                event = await iterator.__anext__()
+            except StopAsyncIteration:
+                return
+            yield event
+            continue
         try:
             async with asyncio.timeout(min(keepalive_s, left)):
                 event = await iterator.__anext__()
