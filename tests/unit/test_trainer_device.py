@@ -89,8 +89,10 @@ def test_the_chunked_head_equals_the_unchunked_log_softmax(tiny_model_dir, tmp_p
     expected = grads(trainer)
     trainer.optimizer.zero_grad(set_to_none=True)
 
-    logp, entropy, kl, kl_teacher, stop = policy.stats(m.rows, m.mask, reference=True, teacher=m.teacher,
-                                                       teacher_head=m.teacher_head, stop=True)
+    logp, entropy, kl, kl_teacher, stop, base_logp = policy.stats(m.rows, m.mask, reference=True, teacher=m.teacher,
+                                                                  teacher_head=m.teacher_head, stop=True,
+                                                                  reference_picked=True)
+    assert torch.allclose(base_logp[on], token_logprobs(base, m.rows)[on], atol=1e-5)  # the k3 estimator's input
     hint = m.distill > 0
     assert torch.allclose(logp[on], ref_logp[on], atol=1e-5)
     assert torch.allclose(entropy[on], ref_entropy[on], atol=1e-5)

@@ -119,6 +119,38 @@ def test_without_a_penalty_the_kl_to_the_base_is_measured_every_nth_step_only(ti
             assert torch.allclose(param, third.policy.model.get_parameter(name), atol=1e-6), name
 
 
+def test_the_k3_penalty_takes_the_bases_logprobs_from_the_one_base_forward(tiny_model_dir, tmp_path, generations,
+                                                                            monkeypatch):
+    """With `kl_estimator = "k3"` the base forward that measures `kl_base` also gives the base's
+    logprobs of the sampled tokens: one base pass a micro-batch, not two, and the same penalty as
+    k3 over a base forward of its own."""
+    from clawr1.trainer.batch import prepare
+    from clawr1.trainer.losses import kl_to_reference
+
+    samples = samples_of(generations, [1.0, -1.0, 1.0, -1.0, 1.0, -1.0, 1.0, -1.0])
+    config = config_for(tiny_model_dir, tmp_path, 'trainer.method="rl"', "trainer.kl_coef=0.5",
+                        'trainer.kl_estimator="k3"')
+    with SQLitePool(tmp_path, config.pool) as pool:
+        trainer = Trainer(config, pool, resume=False)
+        trainer.train_step(samples)  # move off the base, so the penalty is not zero
+        policy = trainer.policy
+        m = prepare(policy, samples, trainer.tc, torch.ones(len(samples)))
+        with torch.no_grad():
+            logp = policy.logprobs(m.rows)
+            with policy.adapter_off():
+                expected = float(kl_to_reference(logp, policy.logprobs(m.rows), m.mask))
+        off, counted = policy.adapter_off, []
+
+        def counting_off():
+            counted.append(1)
+            return off()
+
+        monkeypatch.setattr(policy, "adapter_off", counting_off)
+        _, metrics = trainer.loss(m)
+    assert len(counted) == 1  # one base pass for the micro-batch: kl_base and k3's logprobs both
+    assert metrics["kl"] > 1e-4 and metrics["kl"] == pytest.approx(expected, rel=1e-4)
+
+
 def test_the_entropy_band_moves_the_entropy_toward_it(tiny_model_dir, tmp_path, generations):
     samples = samples_of(generations, [1.0, -1.0] * 4)
     _, start = drift(trained(tiny_model_dir, tmp_path / "start", samples, 0), samples)

@@ -138,7 +138,7 @@ class TrainerConfig(_Section):
     over the whole vocabulary, which also holds the probability the policy moves off the sampled
     tokens near where the base had it (a trust region that holds under mostly negative rewards).
     Either way the full KL is logged (`kl_base`): every step, or as `kl_base_every` says when the
-    penalty is off."""
+    penalty is off; both take what they need from the one forward of the base model a micro-batch."""
 
     kl_base_every: int = Field(1, ge=0, le=10_000)
     """With `kl_coef = 0` the KL to the base model is only a metric (`kl_base`, the dashboard's
