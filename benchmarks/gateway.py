@@ -325,6 +325,8 @@ def run(config: Config, console: Console | None = None, requests: int = 2000, co
     the scaling. `rounds` > 1: every target is measured that many times, the targets taking turns
     (so a slow spell of a shared machine hits them alike), and each number is the median of its
     rounds: on two shared cores one round's CPU a request varies by about 10%."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
     console = console or Console()
     with tempfile.TemporaryDirectory(prefix="clawr1-bench-gateway-") as tmp:
         numbers = run_loop(_bench(config, console, Path(tmp), requests, tuple(concurrency), include_litellm, seconds,

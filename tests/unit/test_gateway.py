@@ -183,8 +183,9 @@ def test_streamed_logprobs_cover_every_sampled_token(server):
     assert {c.system_fingerprint for c in chunks} == {"clawr1-v0"}
 
 
-async def _stream_writes(app, body: dict) -> list[bytes]:
-    """POST a streamed chat request straight to the ASGI app; the body of each send, in order."""
+async def _stream_writes(app, body: dict, times: list[float] | None = None) -> list[bytes]:
+    """POST a streamed chat request straight to the ASGI app; the body of each send, in order
+    (and when each was sent, into `times`)."""
     lifespan: asyncio.Queue = asyncio.Queue()
     await lifespan.put({"type": "lifespan.startup"})
     started = asyncio.Event()
@@ -212,6 +213,8 @@ async def _stream_writes(app, body: dict) -> list[bytes]:
     async def send(message):
         if message["type"] == "http.response.body" and message.get("body"):
             writes.append(message["body"])
+            if times is not None:
+                times.append(time.monotonic())
 
     await app(scope, receive, send)
     await lifespan.put({"type": "lifespan.shutdown"})
@@ -245,3 +248,56 @@ def test_a_burst_of_ready_tokens_is_one_write_and_a_token_waited_for_is_sent_at_
         assert len(writes) <= 3  # the role chunk, then everything that was ready together
     else:
         assert len(writes) >= tokens  # each awaited token in a write of its own
+
+
+def test_the_last_tokens_of_a_stream_do_not_wait_for_the_commit(engine, tmp_path):
+    """With durable replies the step is committed before the final events, but the text sampled
+    before that is sent first: the last token (ready together with the end of the generation, so
+    held) goes out before a slow commit ends, not with the finish event after it."""
+    import threading
+    from concurrent.futures import Future
+
+    from tests.scripted_engine import ScriptedEngine, ScriptedStream
+
+    class CutAtLength(ScriptedEngine):
+        """No end-of-text token: the last token and the end of the generation come together."""
+
+        def generate(self, prompt_ids, sampling, adapter=None, affinity=None):
+            ids = self.tokenizer.encode(self.reply, add_special_tokens=False)
+            texts = [self.tokenizer.decode(ids[:i]) for i in range(len(ids) + 1)]
+            return ScriptedStream(prompt_ids, ids, [texts[i + 1][len(texts[i]):] for i in range(len(ids))], self.delay)
+
+    committed: list[float] = []
+
+    class SlowCommit:
+        def __init__(self, pool):
+            self.pool = pool
+
+        def submit_step(self, step):
+            slow: Future = Future()
+
+            def later(done):
+                def finish():
+                    committed.append(time.monotonic())
+                    slow.set_result(done.result())
+                threading.Timer(0.3, finish).start()
+            self.pool.submit_step(step).add_done_callback(later)
+            return slow
+
+        def __getattr__(self, name):
+            return getattr(self.pool, name)
+
+    reply = "one two three"
+    config = load_config(None, [f'data_dir="{tmp_path}"', "gateway.durable_reply=true"])
+    pool = SQLitePool(tmp_path, config.pool)
+    times: list[float] = []
+    try:
+        writes = run(_stream_writes(create_app(CutAtLength(engine, reply, delay=0.02), SlowCommit(pool), config),
+                                    {"model": "m", "messages": [{"role": "user", "content": "Count."}], "stream": True},
+                                    times))
+    finally:
+        pool.close()
+    texts = [w.decode() for w in writes]
+    last = max(i for i, t in enumerate(texts) if '"content":' in t and "three" in t)
+    finish = min(i for i, t in enumerate(texts) if '"finish_reason":' in t and '"finish_reason":null' not in t)
+    assert last < finish and times[last] < committed[0] <= times[finish], (texts, times, committed)

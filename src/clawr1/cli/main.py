@@ -289,6 +289,9 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
         with tempfile.TemporaryDirectory(prefix="clawr1-bench-pool-") as tmp:  # never the user's pool
             numbers = bench.bench_pool(Path(tmp), steps=args.steps, config=config.pool)
     elif args.what == "gateway":
+        if args.rounds < 1:
+            err_console.print(f"[red]error:[/red] --rounds must be at least 1, got {args.rounds}")
+            return 2
         numbers = bench.run(config, console, requests=args.requests, include_litellm=not args.no_litellm,
                             durable_both=args.durable == "both", workers=args.workers, fronts=args.fronts,
                             rounds=args.rounds)

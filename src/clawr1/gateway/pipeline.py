@@ -233,6 +233,7 @@ class Exchange(Response):
         self._ticket: Ticket | None = None
         self.status_code = 500  # the status sent (`HotRoutes` counts it): 500 until a response starts
         self.state: Any = None  # a wire format's own per-stream state (Responses: its event counter)
+        self._held: list[str] = []  # stream events not sent yet: the engine had the next one ready
 
     @property
     def n(self) -> int:
@@ -310,6 +311,7 @@ class Exchange(Response):
     async def finish(self) -> tuple[Generation, ParsedCompletion]:
         """Streaming, after the last token: the generation, parsed and recorded (committed first
         with `durable_reply`)."""
+        await self._flush()  # the last tokens before the commit, not after it
         gen = await self.streams[0].final()  # drained: returns at once (the Engine contract)
         parsed = self.gw.engine.parse(gen.content)
         await self.record([gen], [parsed])
@@ -429,27 +431,34 @@ class Exchange(Response):
         self.response_started = True
         chunks = self.wire.events(self)
         # Events are held while the engine's next one is already there (`ready`), and the ones
-        # held go out in one write: a burst of tokens costs one send, not one each. The first
-        # event (the role) and any token that had to be waited for still go out at once.
-        held: list[str] = []
+        # held go out in one write: a burst of tokens costs one send, not one each. Any event the
+        # engine made us wait for goes out at once, and `finish` sends what is held before it
+        # waits for the commit, so no sampled text waits on the pool.
         try:
             async for chunk in chunks:
                 if self.gone:
                     break
-                held.append(chunk)
+                self._held.append(chunk)
                 if not self.streams[0].ready():
-                    await self._chunk("".join(held))
-                    held.clear()
+                    await self._flush()
         except TimedOut:
-            held.append(self.wire.stream_error(self, APIError(
+            self._held.append(self.wire.stream_error(self, APIError(
                 504, f"the engine did not finish within {self.gw.config.gateway.request_timeout_s} s", code="timeout")))
         except (APIError, EngineError) as exc:
-            held.append(self.wire.stream_error(self, exc))
+            self._held.append(self.wire.stream_error(self, exc))
+        except Exception:  # a bug: what was ready before it still goes out, then its error event
+            await self._flush()
+            raise
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
-        if held and not self.gone:
-            await self._chunk("".join(held))
+        await self._flush()
         await self._end()
+
+    async def _flush(self) -> None:
+        """Send the held events in one write (none once the client is gone)."""
+        if self._held and not self.gone:
+            text, self._held = "".join(self._held), []
+            await self._chunk(text)
 
     async def _chunk(self, text: str) -> None:
         await self._send({"type": "http.response.body", "body": text.encode(), "more_body": True})
