@@ -472,7 +472,10 @@ def _summarise(numbers: dict[str, Any]) -> None:
                 ratio = {"req_s": ours["req_s"] / theirs["req_s"] if theirs["req_s"] else None,
                          # how many times less latency we add (None when we add none to divide by)
                          "added_p50": (theirs.get("added_p50_ms", 0) / ours["added_p50_ms"]
-                                       if ours.get("added_p50_ms", 0) > 0 else None)}
+                                       if ours.get("added_p50_ms", 0) > 0 else None),
+                         # the server CPU a request: machine speed cancels out of it, unlike the ms
+                         "cpu": (theirs["cpu_ms"] / ours["cpu_ms"] if ours.get("cpu_ms") and "cpu_ms" in theirs
+                                 else None)}
                 ratios.setdefault(other, {}).setdefault(mode, {})[c] = ratio
     numbers["ratios"] = ratios
     if numbers.get("workers", 1) > 1:  # gateway.workers = N against the one process, same run
@@ -528,18 +531,19 @@ def _tables(numbers: dict[str, Any]) -> list[Table]:
         main.caption = f"litellm skipped: {numbers['litellm']}"
     tables = [main]
     if numbers["ratios"]:
-        ratios = Table(title="Ours vs. the other proxies (req/s: ours ÷ theirs; added p50: theirs ÷ ours; "
-                             ">1 = ours better)")
+        ratios = Table(title="Ours vs. the other proxies (req/s: ours ÷ theirs; added p50 and server CPU a "
+                             "request: theirs ÷ ours; >1 = ours better)")
         ratios.add_column("vs")
         ratios.add_column("mode")
         for c in conc:
             ratios.add_column(f"req/s @{c}", justify="right")
             ratios.add_column(f"added p50 @{c}", justify="right")
+            ratios.add_column(f"cpu/req @{c}", justify="right")
         for other, modes in numbers["ratios"].items():
             for mode, cells in modes.items():
                 row = [other, mode]
                 for c in conc:
-                    row += [f"{_fmt(cells[c]['req_s'])}x", f"{_fmt(cells[c]['added_p50'])}x"]
+                    row += [f"{_fmt(cells[c]['req_s'])}x", f"{_fmt(cells[c]['added_p50'])}x", f"{_fmt(cells[c]['cpu'])}x"]
                 ratios.add_row(*row)
         tables.append(ratios)
     rounds = f"; each number the median of {numbers['rounds']} rounds" if numbers.get("rounds", 1) > 1 else ""
