@@ -242,11 +242,13 @@ def test_the_fused_head_has_the_gradients_of_the_naive_log_softmax(monkeypatch, 
         return {"logp": logp.gather(-1, targets[:, None]).squeeze(-1), "entropy": -(p * logp).sum(-1),
                 "kl": (p * (logp - torch.log_softmax(reference @ w.detach().T * inv_t[:, None], -1))).sum(-1),
                 "teacher": (p * (logp - torch.log_softmax(teacher @ teacher_weight.T * inv_t[:, None], -1))).sum(-1),
-                "stop": torch.logsumexp(logp[:, stop], -1)}
+                "stop": torch.logsumexp(logp[:, stop], -1),
+                "ref_logp": torch.log_softmax(reference @ w.detach().T * inv_t[:, None], -1).gather(
+                    -1, targets[:, None]).squeeze(-1)}
 
     def fused(h, w):
         outs = head.head_stats(h, w, targets, inv_t, reference, None, teacher, teacher_weight, stop)
-        return dict(zip(("logp", "entropy", "kl", "teacher", "stop"), outs, strict=True))
+        return dict(zip(("logp", "entropy", "kl", "teacher", "stop", "ref_logp"), outs, strict=True))
 
     grads = []
     for fn in (naive, fused):

@@ -90,8 +90,7 @@ def test_the_chunked_head_equals_the_unchunked_log_softmax(tiny_model_dir, tmp_p
     trainer.optimizer.zero_grad(set_to_none=True)
 
     logp, entropy, kl, kl_teacher, stop, base_logp = policy.stats(m.rows, m.mask, reference=True, teacher=m.teacher,
-                                                                  teacher_head=m.teacher_head, stop=True,
-                                                                  reference_picked=True)
+                                                                  teacher_head=m.teacher_head, stop=True)
     assert torch.allclose(base_logp[on], token_logprobs(base, m.rows)[on], atol=1e-5)  # the k3 estimator's input
     hint = m.distill > 0
     assert torch.allclose(logp[on], ref_logp[on], atol=1e-5)

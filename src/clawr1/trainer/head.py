@@ -36,17 +36,18 @@ def head_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
                reference: torch.Tensor | None = None, reference_weight: torch.Tensor | None = None,
                teacher: torch.Tensor | None = None, teacher_weight: torch.Tensor | None = None,
                stop: torch.Tensor | None = None,
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(logprob of `targets`, entropy, KL(policy || reference), KL(policy || teacher), logprob of
-    `stop`) at each of n positions, in float32.
+    `stop`, the reference's logprob of `targets`) at each of n positions, in float32.
 
     `hidden` [n, H] and `weight` [V, H] (the LM head) give the logits, divided by the sampling
     temperature (`inv_temperature` [n] = 1 / T). `reference` and `teacher` [n, H]: other models'
     hidden states at the same positions (no gradient: the base model, the hinted teacher), under
     their own heads (default: `weight`); either absent gives zeros for its KL. `stop` [m]: the ids
-    that end a reply (the model's end-of-turn ids): the last output is the log of their summed
-    probability at each position, the chance of stopping there; absent, zeros. Differentiable in
-    `hidden` and `weight`."""
+    that end a reply (the model's end-of-turn ids): the fifth output is the log of their summed
+    probability at each position, the chance of stopping there; absent, zeros. The sixth (zeros
+    without `reference`) is the k3 KL estimator's input, read off the reference's log-softmax the
+    KL computes anyway. Differentiable in `hidden` and `weight` (the sixth is a constant)."""
     empty = hidden.new_zeros((0, hidden.shape[-1]))
 
     def other(h: torch.Tensor | None, w: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,8 +87,8 @@ class _HeadStats(torch.autograd.Function):
                 teacher_weight: torch.Tensor, stop: torch.Tensor) -> tuple[torch.Tensor, ...]:
         n = hidden.shape[0]
         others = ((reference, ref_weight), (teacher, teacher_weight))
-        logp_t, entropy, kl_ref, kl_teacher, logp_stop = (torch.zeros(n, dtype=torch.float32, device=hidden.device)
-                                                          for _ in range(5))
+        logp_t, entropy, kl_ref, kl_teacher, logp_stop, ref_t = (
+            torch.zeros(n, dtype=torch.float32, device=hidden.device) for _ in range(6))
         ctx.scaled = bool((inv_t != 1).any())  # some reply sampled at a temperature other than 1
         for s in chunks(n, weight.shape[0]):
             t = inv_t[s] if ctx.scaled else None
@@ -97,17 +98,21 @@ class _HeadStats(torch.autograd.Function):
             if stop.shape[0]:
                 logp_stop[s] = torch.logsumexp(logp[:, stop], -1)
             entropy[s] = -torch.linalg.vecdot(p, logp)
-            for (h, w), kl in zip(others, (kl_ref, kl_teacher)):
+            for (h, w), kl, picked in zip(others, (kl_ref, kl_teacher), (ref_t, None)):
                 if h.shape[0]:
-                    kl[s] = torch.linalg.vecdot(p, logp - torch.log_softmax(_chunk(h[s], w, t), -1))
+                    q = torch.log_softmax(_chunk(h[s], w, t), -1)
+                    kl[s] = torch.linalg.vecdot(p, logp - q)
+                    if picked is not None:
+                        picked[s] = q.gather(-1, targets[s, None]).squeeze(-1)
         ctx.save_for_backward(hidden, weight, targets, inv_t, reference, ref_weight, teacher, teacher_weight,
                               stop, entropy, kl_ref, kl_teacher, logp_stop)
         ctx.set_materialize_grads(False)  # an output the loss does not use gets None: its term is skipped
-        return logp_t, entropy, kl_ref, kl_teacher, logp_stop
+        ctx.mark_non_differentiable(ref_t)  # the reference's, which has no gradient
+        return logp_t, entropy, kl_ref, kl_teacher, logp_stop, ref_t
 
     @staticmethod
     def backward(ctx: Any, g_logp: torch.Tensor, g_entropy: torch.Tensor, g_ref: torch.Tensor,
-                 g_teacher: torch.Tensor, g_stop: torch.Tensor) -> tuple[Any, ...]:
+                 g_teacher: torch.Tensor, g_stop: torch.Tensor, _g_ref_t: None) -> tuple[Any, ...]:
         (hidden, weight, targets, inv_t, reference, ref_weight, teacher, teacher_weight,
          stop, entropy, kl_ref, kl_teacher, logp_stop) = ctx.saved_tensors
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]

@@ -396,10 +396,9 @@ class Trainer:
         a mismatch between the engine's maths and the trainer's); `kl`, the penalty's KL (0 when off)."""
         reference = self.policy.has_base and (self.tc.kl_coef > 0 or (
             self.tc.kl_base_every > 0 and self.step_count % self.tc.kl_base_every == 0))
-        k3 = reference and self.tc.kl_coef > 0 and self.tc.kl_estimator != "full"
         logp, entropies, kls, kl_teacher, logp_stop, base_logp = self.policy.stats(
             m.rows, m.mask, reference=reference, teacher=m.teacher, teacher_head=m.teacher_head,
-            stop=m.stop_teacher is not None, reference_picked=k3)
+            stop=m.stop_teacher is not None)
         loss, stats = ppo_loss(logp, m.behaviour, m.advantage, m.mask, self.tc.eps_low, self.tc.eps_high)
         if m.distill is not None:  # `opd_estimator = "full"`: OPD as the KL to the hinted teacher itself
             weight = self.tc.w_opd if self.tc.method == "combine" else 1.0
@@ -426,7 +425,7 @@ class Trainer:
             kl_base = masked_mean(kls, m.mask)
             metrics["kl_base"] = kl_base.item()
             if self.tc.kl_coef > 0:
-                # k3 on the sampled tokens: the base's logprobs come from the base forward above
+                # k3 on the sampled tokens: the base's logprobs come from the base pass above
                 kl = kl_base if self.tc.kl_estimator == "full" else kl_to_reference(logp, base_logp, m.mask)
                 loss = loss + self.tc.kl_coef * kl
         metrics.update(loss=loss.item(), kl=kl.item())

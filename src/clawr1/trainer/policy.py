@@ -191,16 +191,14 @@ class Policy:
         return self.causal_lm.get_output_embeddings().weight
 
     def stats(self, rows: Rows, mask: torch.Tensor, reference: bool, teacher: torch.Tensor | None = None,
-              teacher_head: torch.Tensor | None = None, stop: bool = False,
-              reference_picked: bool = False) -> tuple[torch.Tensor, ...]:
+              teacher_head: torch.Tensor | None = None, stop: bool = False) -> tuple[torch.Tensor, ...]:
         """[B, K] float32 (logprob of the reply token, entropy, KL(policy || base), KL(policy ||
         teacher), logprob of ending the reply, the base's logprob of the reply token) at the
         positions of `mask`, zeros elsewhere; differentiable in the trainable weights (the last
-        not). `reference` False: no base forward, and that KL is zeros. `teacher` [B, K, H]: the
-        teacher's hidden states at the same reply positions (`teacher_hidden`) under
-        `teacher_head`; without it that KL is zeros. `stop` False: the fifth is zeros.
-        `reference_picked` (with `reference`): the last from the same base forward (the k3 KL
-        estimator's input), else zeros. Each over the whole vocabulary, chunked (`head.py`)."""
+        not). `reference` False: no base forward, and the KL to it and its logprobs are zeros.
+        `teacher` [B, K, H]: the teacher's hidden states at the same reply positions
+        (`teacher_hidden`) under `teacher_head`; without it that KL is zeros. `stop` False: the
+        fifth is zeros. Each over the whole vocabulary, chunked (`head.py`)."""
         where = mask.to(self.device) > 0
         hidden = self.hidden(rows)[where]
         ref = ref_head = None
@@ -211,12 +209,7 @@ class Policy:
         inv_t = (1.0 / rows.temperature)[:, None].expand(where.shape)[where]
         outs = head_stats(hidden, self.head, rows.targets[where], inv_t, ref, ref_head,
                           None if teacher is None else teacher[where], teacher_head, self._stop_ids() if stop else None)
-        if ref is not None and reference_picked:
-            with torch.no_grad():  # the base's own head: frozen, whatever the policy trains
-                picked = head_logprobs(ref, ref_head, rows.targets[where], inv_t)[0]
-        else:
-            picked = torch.zeros_like(outs[0])
-        return tuple(torch.zeros(where.shape, device=self.device).masked_scatter(where, o) for o in (*outs, picked))
+        return tuple(torch.zeros(where.shape, device=self.device).masked_scatter(where, o) for o in outs)
 
     @torch.no_grad()
     def logprobs(self, rows: Rows) -> torch.Tensor:
