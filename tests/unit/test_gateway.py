@@ -280,7 +280,7 @@ def test_the_last_tokens_of_a_stream_do_not_wait_for_the_commit(engine, tmp_path
                 def finish():
                     committed.append(time.monotonic())
                     slow.set_result(done.result())
-                threading.Timer(0.3, finish).start()
+                threading.Timer(0.15, finish).start()
             self.pool.submit_step(step).add_done_callback(later)
             return slow
 

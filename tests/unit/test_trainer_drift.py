@@ -124,15 +124,15 @@ def test_the_k3_penalty_takes_the_bases_logprobs_from_the_one_base_forward(tiny_
     """With `kl_estimator = "k3"` the base forward that measures `kl_base` also gives the base's
     logprobs of the sampled tokens: one base pass a micro-batch, not two, and the same penalty as
     k3 over a base forward of its own."""
-    from clawr1.trainer.batch import prepare
     from clawr1.trainer.losses import kl_to_reference
+    from tests.unit.test_trainer_device import moved
 
     samples = samples_of(generations, [1.0, -1.0, 1.0, -1.0, 1.0, -1.0, 1.0, -1.0])
     config = config_for(tiny_model_dir, tmp_path, 'trainer.method="rl"', "trainer.kl_coef=0.5",
                         'trainer.kl_estimator="k3"')
     with SQLitePool(tmp_path, config.pool) as pool:
         trainer = Trainer(config, pool, resume=False)
-        trainer.train_step(samples)  # move off the base, so the penalty is not zero
+        moved(trainer)  # off the base, so the penalty is not zero
         policy = trainer.policy
         m = prepare(policy, samples, trainer.tc, torch.ones(len(samples)))
         with torch.no_grad():
