@@ -363,9 +363,8 @@ async def _bench(config: Config, console: Console, workdir: Path, requests: int,
     task = progress.add_task("starting", total=(3 + bool(litellm) + durable_both + (workers > 1)) * len(cells) * rounds)
     measured: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {}  # target -> mode -> clients -> rounds
 
-    async def bench_target(server: Server, ready: bool = False) -> None:
-        if not ready:
-            await wait_ready(server, served, 180)  # LiteLLM needs ~15 s on two cores
+    async def bench_target(server: Server) -> None:
+        await wait_ready(server, served, 180)  # LiteLLM needs ~15 s on two cores
         results = measured.setdefault(server.name, {})
         for mode, c in cells:
             progress.update(task, description=f"{server.name}: {mode}, {c} client(s)")
@@ -377,7 +376,6 @@ async def _bench(config: Config, console: Console, workdir: Path, requests: int,
     with progress:
         backend = start(DIRECT, [py, "-m", "benchmarks.fake", "--port", "{port}"], workdir)
         try:
-            await wait_ready(backend, served, 180)
             upstream = f"http://127.0.0.1:{backend.port}"
             token = config.gateway.api_keys[0] if config.gateway.api_keys else None
 
@@ -402,7 +400,7 @@ async def _bench(config: Config, console: Console, workdir: Path, requests: int,
                     {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}, token=LITELLM_KEY)
             # One proxy at a time, so no other server's process competes for the two cores.
             for _ in range(rounds):
-                await bench_target(backend, ready=True)
+                await bench_target(backend)
                 for name, launch in launchers.items():
                     progress.update(task, description=f"starting {name}")
                     server = launch()

@@ -175,10 +175,8 @@ class HotRoutes:
             await response(scope, receive, send)
         except Exception as exc:  # raised after the answer was under way (a settle that failed): as CatchAll
             log.exception("unhandled error in the gateway (POST %s)", scope["path"])
-            if isinstance(response, Exchange) and not response.response_started:
-                await hit[0].error_response(_internal(exc))(scope, receive, send)
-            elif isinstance(response, Exchange) and not response.response_done:
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if isinstance(response, Exchange):
+                await response._error(_internal(exc))  # whatever of the answer is still unsent
         finally:
             if self.metrics is not None:
                 self.metrics.request_done(hit[1].path, 500 if response is None else response.status_code,

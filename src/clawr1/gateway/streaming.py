@@ -28,15 +28,9 @@ async def events(stream: GenerationStream, keepalive_s: float, timeout_s: float)
         left = deadline - loop.time()
         if left <= 0:
             raise TimedOut
-        if ready is not None and ready():  # no wait ahead: no timer to arm and cancel
-            try:
-                event = await iterator.__anext__()
-            except StopAsyncIteration:
-                return
-            yield event
-            continue
+        waits = ready is None or not ready()  # no wait ahead: no timer to arm and cancel
         try:
-            async with asyncio.timeout(min(keepalive_s, left)):
+            async with asyncio.timeout(min(keepalive_s, left) if waits else None):
                 event = await iterator.__anext__()
         except TimeoutError:
             yield None
