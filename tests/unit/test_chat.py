@@ -83,3 +83,24 @@ def test_bad_messages_are_clear_errors(chat, messages, param):
     with pytest.raises(InvalidRequestError) as info:
         chat.render(messages)
     assert info.value.param == param
+
+
+def test_a_model_directorys_tokenizer_is_loaded_once_until_its_files_change(tiny_model_dir, tmp_path):
+    """The engine, its front end and the trainer's policy share one tokenizer per directory
+    (`engine/tokenizer.py`); a tokenizer rewritten in place is loaded again, and at most
+    `KEEP` stay loaded."""
+    import shutil
+
+    from clawr1.engine import tokenizer as tokenizers
+    from clawr1.engine.frontend import Frontend
+
+    model = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    first = tokenizers.load_tokenizer(model)
+    assert tokenizers.load_tokenizer(str(model)) is first and Frontend(model).tokenizer is first
+    settings = model / "tokenizer_config.json"
+    settings.write_text(json.dumps({**json.loads(settings.read_text()), "model_max_length": 77}))
+    changed = tokenizers.load_tokenizer(model)
+    assert changed is not first and changed.model_max_length == 77
+    for i in range(tokenizers.KEEP):  # as many other directories push the changed one out
+        tokenizers.load_tokenizer(shutil.copytree(model, tmp_path / f"other-{i}"))
+    assert tokenizers.load_tokenizer(model) is not changed

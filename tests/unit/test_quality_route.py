@@ -65,7 +65,10 @@ def test_recorded_replies_are_measured_against_the_base_replies(engine, tmp_path
             r["sane"] for r in body["data"][:3]]
 
 
-def test_errors_are_openai_shaped_and_tenants_see_only_their_own(engine, tmp_path):
+def test_errors_are_openai_shaped_and_tenants_see_only_their_own(engine, tmp_path, monkeypatch):
+    from clawr1.gateway import quality_routes
+
+    monkeypatch.setattr(quality_routes, "COMMIT_WAIT_S", 0.2)  # an unknown id is waited for this long first
     with live_gateway(engine, tmp_path, TENANTS) as (base, _):
         references = [ask(base, ACME, q, i, side_base=True) for i, q in enumerate(QUESTIONS[:8])]
         theirs = ask(base, GLOBEX, QUESTIONS[0], 50)

@@ -9,10 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoTokenizer
-
 from clawr1.core.types import ContextLengthError, InvalidRequestError, ParsedCompletion
 from clawr1.engine.chat import ChatFormat
+from clawr1.engine.tokenizer import load_tokenizer
 
 
 def _model_json(model_path: Path, name: str) -> dict[str, Any]:
@@ -29,7 +28,7 @@ def end_of_turn_ids(*given: int | list[int] | tuple[int, ...] | None) -> frozens
 class Frontend:
     def __init__(self, model_path: Path, max_context: int = 0):
         """From the model directory's tokenizer and JSON files (the weights are elsewhere)."""
-        self.hold(AutoTokenizer.from_pretrained(model_path),
+        self.hold(load_tokenizer(model_path),
                   max_context or int(_model_json(model_path, "config.json").get("max_position_embeddings", 2048)),
                   _model_json(model_path, "generation_config.json").get("eos_token_id"))
 

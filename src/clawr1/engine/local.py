@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, DynamicCache
 
 from clawr1.core.config import EngineConfig
 from clawr1.core.types import (
@@ -55,6 +55,7 @@ from clawr1.engine.prefix import PrefixCache
 from clawr1.engine.queued import QueuedStream
 from clawr1.engine.slots import AdapterSlots, Read
 from clawr1.engine.text import Advance
+from clawr1.engine.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
@@ -148,7 +149,7 @@ class LocalEngine(Frontend):
     def load(cls, path: Path, config: EngineConfig) -> LocalEngine:
         if config.threads:
             torch.set_num_threads(config.threads)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = load_tokenizer(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[config.dtype]).to(config.device)
         return cls(model, tokenizer, config)
 

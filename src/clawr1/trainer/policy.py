@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from clawr1.core.config import TrainerConfig
 from clawr1.core.records import POLICY
 from clawr1.engine.chat import ChatFormat
 from clawr1.engine.frontend import end_of_turn_ids
+from clawr1.engine.tokenizer import load_tokenizer
 from clawr1.trainer.head import head_logprobs, head_stats
 
 ADAPTER = POLICY  # the shared adapter's name (per tenant: `adapter_name(tenant)`)
@@ -83,7 +84,7 @@ class Policy:
 
         self.device, dtype = placement(config)
         self.dtype = dtype
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer = load_tokenizer(model_path)
         self.chat = ChatFormat(self.tokenizer)
         base = base if base is not None else load_base(model_path, config, self.device, dtype)
         if getattr(base.config, "final_logit_softcapping", None):

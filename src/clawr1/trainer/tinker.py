@@ -39,6 +39,7 @@ from clawr1.datapool.base import PoolQueue
 from clawr1.engine import adapters
 from clawr1.engine.chat import ChatFormat
 from clawr1.engine.models import resolve_model
+from clawr1.engine.tokenizer import load_tokenizer
 from clawr1.trainer import checkpoint, guarded, history
 from clawr1.trainer.batch import TrainSample, load_samples, per_sample, rl_advantages, token_advantages, with_hint
 from clawr1.trainer.loop import scheduled_lr
@@ -68,15 +69,13 @@ class TinkerTrainer:
     step on the service."""
 
     def __init__(self, config: Config, pool: PoolQueue, *, service: Any = None, resume: bool = True):
-        from transformers import AutoTokenizer
-
         self.config, self.tc, self.pool, self.tenant = config, config.trainer, pool, None
         self.ranks = Ranks()  # one process: the service is the data-parallel part
         self.timeout = config.tinker.timeout_s
         self.base_model = config.tinker.base_model
         self.root = Path(config.data_dir)
         self.adapter_root, self.adapter = self.root / "adapters", POLICY
-        self.chat = ChatFormat(AutoTokenizer.from_pretrained(resolve_model(config.engine.model, config.data_dir)))
+        self.chat = ChatFormat(load_tokenizer(resolve_model(config.engine.model, config.data_dir)))
         self.service = service if service is not None else service_client()
         self.guarded = config.guard.enabled
         self.step_count = self.version = self.promoted = self.weights_of = self.skipped = 0
