@@ -104,3 +104,21 @@ def test_a_model_directorys_tokenizer_is_loaded_once_until_its_files_change(tiny
     for i in range(tokenizers.KEEP):  # as many other directories push the changed one out
         tokenizers.load_tokenizer(shutil.copytree(model, tmp_path / f"other-{i}"))
     assert tokenizers.load_tokenizer(model) is not changed
+
+
+def test_a_shared_tokenizer_has_no_padding_or_truncation_for_an_encode_to_clear(tiny_model_dir, tmp_path):
+    """A tokenizer.json may set padding and truncation; an encode without them would clear them, a
+    write on an instance the engine and trainer threads share. They are cleared at load instead."""
+    import shutil
+
+    from clawr1.engine.tokenizer import load_tokenizer
+
+    model = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    spec = json.loads((model / "tokenizer.json").read_text())
+    spec["truncation"] = {"direction": "Right", "max_length": 4, "strategy": "LongestFirst", "stride": 0}
+    spec["padding"] = {"strategy": {"Fixed": 8}, "direction": "Right", "pad_to_multiple_of": None, "pad_id": 0,
+                       "pad_type_id": 0, "pad_token": "<|endoftext|>"}
+    (model / "tokenizer.json").write_text(json.dumps(spec))
+    tokenizer = load_tokenizer(model)
+    assert tokenizer.backend_tokenizer.truncation is None and tokenizer.backend_tokenizer.padding is None
+    assert len(tokenizer("one two three four five six seven", add_special_tokens=False)["input_ids"]) == 7

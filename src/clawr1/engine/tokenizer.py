@@ -4,9 +4,11 @@ Loading SmolLM2's tokenizer parses a 1.5 MB tokenizer.json twice (Python's JSON,
 tokenizer's own): ~0.2 s each time. The engine, its front end, the trainer's policy and the Tinker
 trainer each load the same directory's, so a process that runs several of them (or restarts one)
 paid it every time. They share one instance now. That is safe because nothing here changes a
-tokenizer after loading it: no padding or truncation settings (the one call that could set them,
-`tokenizer(text, add_special_tokens=False)`, leaves both off), no added tokens, no template edits.
-The embedding model's tokenizer (`reward/embed.py`) pads and truncates, so it keeps its own.
+tokenizer after loading it: no added tokens, no template edits, and no padding or truncation. An
+encode without them clears the fast backend's padding and truncation when a tokenizer.json sets
+them, a write two threads could race on; `load_tokenizer` clears them once at load instead, so
+every later encode only reads. The embedding model's tokenizer (`reward/embed.py`) pads and
+truncates, so it keeps its own.
 
 The key is the directory and the size and modification time of each file in it, so a tokenizer
 rewritten in place is loaded again. A model id that is not a local directory is not cached.
@@ -43,6 +45,10 @@ def load_tokenizer(model_path: str | Path) -> Any:
             _loaded.move_to_end(key)
             return _loaded[key]
         tokenizer = AutoTokenizer.from_pretrained(model_path)
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            backend.no_padding()
+            backend.no_truncation()
         _loaded[key] = tokenizer
         while len(_loaded) > KEEP:
             _loaded.popitem(last=False)
