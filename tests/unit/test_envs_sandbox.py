@@ -81,6 +81,34 @@ def test_writes_outside_the_workspace_never_reach_the_host(tmp_path: Path) -> No
         assert not (Path("/tmp") / name).exists()
 
 
+def test_a_host_mount_the_sandbox_cannot_reach_neither_stops_it_nor_opens_to_it() -> None:
+    """A root host's mount under a 0700 directory (a Docker overlay, a test's own tmpfs) cannot be
+    remounted read-only by the sandbox's uid, which once failed every command. The command cannot
+    reach it either, so it runs, and the mount stays out of its reach. Under /var/tmp: the
+    sandbox's /tmp is a fresh tmpfs, which would hide the mount for another reason."""
+    if os.geteuid() != 0:
+        pytest.skip("the sandbox drops to its own uid only on a root host")
+    hidden = Path("/var/tmp") / f"clawr1-root-only-{uuid.uuid4().hex}"
+    hidden.mkdir(mode=0o700)
+    disk = hidden / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], check=False,
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        disk.rmdir()
+        hidden.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or mounted.returncode})")
+    try:
+        with _box() as box:
+            result = box.run(f"echo pwned > {disk}/x; ls {disk}; echo done")
+            assert result.stdout == "done\n" and "Permission denied" in result.stderr, result
+        assert not (disk / "x").exists()
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+        disk.rmdir()
+        hidden.rmdir()
+
+
 def test_network_is_unreachable_and_host_sockets_stay_untouched() -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     listener.setblocking(False)

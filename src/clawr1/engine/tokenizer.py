@@ -38,7 +38,8 @@ def load_tokenizer(model_path: str | Path) -> Any:
     if not path.is_dir():
         return AutoTokenizer.from_pretrained(model_path)
     with os.scandir(path) as entries:
-        files = tuple(sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in entries if e.is_file()))
+        stats = [(e.name, e.stat()) for e in entries if e.is_file()]
+    files = tuple(sorted((name, stat.st_size, stat.st_mtime_ns) for name, stat in stats))
     key = (str(path.resolve()), files)
     with _lock:  # two threads loading one directory at once load it once
         if key in _loaded:

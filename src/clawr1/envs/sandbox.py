@@ -4,7 +4,9 @@ Mechanism (util-linux only; bubblewrap is not required): each command runs in fr
 pid, network, ipc and uts namespaces (`unshare`). A small init script (pid 1 of the new pid
 namespace) builds the command's view of the world:
 
-- the host filesystem bound read-only (every submount too), so writes outside the workspace fail;
+- the host filesystem bound read-only (every submount it can reach too: one under a directory the
+  sandbox's uid may not enter is out of the command's reach anyway), so writes outside the
+  workspace fail;
 - a fresh /proc (only the sandbox's processes), a minimal /dev (null, zero, full, random,
   urandom, tty), and empty private tmpfs mounts on /tmp, /dev/shm and /run (no host sockets);
 - the workspace as a size-limited tmpfs at the workspace's own path: the host copy goes in
@@ -63,7 +65,11 @@ shift 9
 exec 3>&1 4>&2 >>"$B/init.log" 2>&1
 mount --make-rprivate /
 mount --rbind / "$R"
-findmnt -rn -o TARGET -R "$R" | while read -r m; do mount -o remount,bind,ro "$m"; done
+# A mount point it cannot stat (under a directory the sandbox's uid may not enter, such as a root
+# host's 0700 directories) is out of the command's reach as well, so it is left as it is.
+findmnt -rn -o TARGET -R "$R" | while read -r m; do
+  if stat "$m" >/dev/null 2>&1; then mount -o remount,bind,ro "$m"; fi
+done
 mount -t proc proc "$R/proc"
 mount -t tmpfs -o size=${DISK}m,nr_inodes=16384,mode=1777 tmpfs "$R/tmp"
 mount -t tmpfs -o size=1m,mode=755 tmpfs "$R/run"
