@@ -53,6 +53,19 @@ def test_this_machine_has_a_working_sandbox() -> None:
         assert box.mechanism == "unshare"
 
 
+def test_a_failed_probe_is_tried_again_and_a_working_one_is_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A probe that failed at one moment (a full /tmp) does not refuse every later command."""
+    answers = iter(["sandbox setup failed (exit 32): /tmp is full", None])
+    calls = []
+    monkeypatch.setattr(sandbox, "_works", False)
+    monkeypatch.setattr(sandbox, "_try", lambda: calls.append(1) or next(answers))
+    with pytest.raises(SandboxUnavailable, match="/tmp is full"):
+        _box()
+    with _box() as box:
+        assert box.mechanism == "unshare"
+    assert sandbox.probe() is None and len(calls) == 2  # the success is kept
+
+
 def test_command_runs_in_its_workspace_and_its_files_persist() -> None:
     with _box() as box:
         (box.workdir / "in.txt").write_text("from the host\n")

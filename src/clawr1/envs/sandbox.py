@@ -21,14 +21,13 @@ creating the namespaces (a fork bomb then stalls at `max_procs`). At the wall li
 the namespace kills every process in it; should that timer itself be killed, the host kills the
 namespace's init after a grace period, which takes every process in the namespace with it.
 
-Which mechanism works is probed once per process. When none does, `Sandbox` refuses
+Which mechanism works is probed until it works once in the process. When none does, `Sandbox` refuses
 (`SandboxUnavailable`) unless `allow_unsandboxed` is set, which keeps only the rlimits.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import selectors
 import shutil
@@ -144,10 +143,23 @@ class SandboxResult:
         return "\n".join(parts)
 
 
-@functools.cache
+_works = False  # set once a probe succeeded: a mechanism that worked keeps working
+
+
 def probe() -> str | None:
     """Why the namespace sandbox cannot run here, or None when it works. Runs `true` through the
-    whole mechanism once per process, so a refusal names the step that failed."""
+    whole mechanism until it once succeeds (then never again in this process), so a refusal names
+    the step that failed. A failure is not kept: one caused by the moment (a full /tmp, a fork
+    refused) must not refuse every command until a restart."""
+    global _works
+    if not _works:
+        reason = _try()
+        _works = reason is None
+        return reason
+    return None
+
+
+def _try() -> str | None:
     if shutil.which("unshare") is None or shutil.which("setpriv") is None:
         return "util-linux `unshare`/`setpriv` not found on PATH"
     box = Sandbox(limits=EnvsConfig(wall_s=10, disk_mb=1), _mechanism="unshare")
