@@ -54,6 +54,19 @@ def test_streaming_deltas_are_the_recorded_text(server, engine):
     assert chunks[-1].usage.completion_tokens == len(step.token_ids)
 
 
+def test_a_spliced_content_chunk_is_the_chunk_built_whole():
+    """`Chunks.content` splices the delta's JSON into an envelope rendered once; it must be the very
+    chunk `json.dumps` of the whole body gives, whatever the text and the client's model name."""
+    from clawr1.gateway.chat import _MARK, Chunks
+
+    texts = ["", " hello", 'a "quoted" \\ back\nslash', "é ✓ 🙂", "</script>", _MARK, "\x00\u2028"]
+    for model in ["m", 'model "x"', f"a{_MARK}b", _MARK]:
+        chunks = Chunks("chatcmpl-1", model, 3)
+        for text in texts:
+            assert chunks.content(text) == chunks.event({"content": text}), (model, text)
+        assert json.loads(chunks.content("hi")[6:])["created"] == chunks.body({})["created"]  # one per stream
+
+
 def test_async_client_concurrent_requests(server):
     base, pool = server
 

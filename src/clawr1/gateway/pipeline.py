@@ -286,11 +286,11 @@ class Exchange(Response):
         for stream in self.streams:
             stream.cancel()
 
-    async def tokens(self, i: int = 0) -> AsyncIterator[TokenEvent | None]:
-        """Stream i's tokens, None for a keep-alive tick; raises `TimedOut` past the deadline."""
+    def tokens(self, i: int = 0) -> AsyncIterator[TokenEvent | None]:
+        """Stream i's tokens, None for a keep-alive tick; raises `TimedOut` past the deadline.
+        `events` itself, not a generator around it: each layer costs every token a hop."""
         config = self.gw.config.gateway
-        async for event in events(self.streams[i], config.keepalive_s, config.request_timeout_s):
-            yield event
+        return events(self.streams[i], config.keepalive_s, config.request_timeout_s)
 
     async def deltas(self) -> AsyncIterator[str | None]:
         """Content that is safe to show as it is sampled (tool-call markup held back), None for a
