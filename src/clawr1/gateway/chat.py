@@ -27,7 +27,7 @@ class Chunks:
     """One stream's chunks. They share `created` (OpenAI: "each chunk has the same timestamp"), and
     the chunk of nearly every token, a bare content delta, is the envelope rendered once with the
     delta's JSON string spliced in: 0.3 us a token instead of 4.7 for building and dumping the whole
-    chunk, which was the largest part of a streamed request's CPU."""
+    chunk."""
 
     def __init__(self, cid: str, model: str, version: int):
         self.cid, self.model, self.version, self.created = cid, model, version, int(time.time())
@@ -36,7 +36,7 @@ class Chunks:
 
     def body(self, delta: dict[str, Any], finish: str | None = None,
              logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-        return schema.chunk(self.cid, self.model, self.version, delta, finish, logprobs, self.created)
+        return schema.chunk(self.cid, self.model, self.version, self.created, delta, finish, logprobs)
 
     def event(self, delta: dict[str, Any], finish: str | None = None, logprobs: dict[str, Any] | None = None) -> str:
         return sse(self.body(delta, finish, logprobs))

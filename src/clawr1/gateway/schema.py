@@ -229,11 +229,10 @@ def completion_body(cid: str, model: str, gens: list[Generation], parsed: list[P
     }
 
 
-def chunk(cid: str, model: str, version: int, delta: dict[str, Any], finish: str | None = None,
-          logprobs: dict[str, Any] | None = None, created: int | None = None) -> dict[str, Any]:
-    """`created`: the stream's (OpenAI: "each chunk has the same timestamp"); None: now."""
-    return {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()) if created is None else created,
-            "model": model,
+def chunk(cid: str, model: str, version: int, created: int, delta: dict[str, Any], finish: str | None = None,
+          logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`created`: the stream's, in every chunk (OpenAI: "each chunk has the same timestamp")."""
+    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
             "system_fingerprint": fingerprint(version),
             "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
 
