@@ -92,6 +92,12 @@ def test_sse_wire_format(server, engine):
     assert data[0]["message"]["usage"]["input_tokens"] == len(step.prompt_ids)
 
 
+def test_a_spliced_text_delta_is_the_event_built_whole():
+    for text in ["", " hello", 'a "quoted" \\ back\nslash', "é ✓ 🙂", anthropic_wire._MARK, "\x00\u2028"]:
+        assert anthropic_wire.text_delta(text) == anthropic_wire.event(
+            "content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": text}}), text
+
+
 def test_a_stream_past_the_timeout_ends_with_an_error_event_and_is_stored_aborted(engine, tmp_path):
     slow = ScriptedEngine(engine, "one two three four five six seven eight nine ten", delay=0.1)
     with live_gateway(slow, tmp_path, "gateway.request_timeout_s=0.45", "gateway.keepalive_s=0.04") as (base, pool):

@@ -64,14 +64,14 @@ class Messages(Wire):
                 opened = True
                 yield wire.event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
             sent += delta
-            yield wire.event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": delta}})
+            yield wire.text_delta(delta)
         gen, parsed = await ex.finish()
         rest = tail(gen, parsed, sent)
         if not opened and (rest or not parsed.tool_calls):  # a text block always, unless only tool calls
             opened = True
             yield wire.event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
         if rest:
-            yield wire.event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": rest}})
+            yield wire.text_delta(rest)
         if opened:
             yield wire.event("content_block_stop", {"index": 0})
         for index, tool_call in enumerate(parsed.tool_calls, start=int(opened)):

@@ -22,7 +22,6 @@ from clawr1.gateway.errors import APIError
 from clawr1.gateway.translated import text_content
 
 
-
 class AnthropicTool(BaseModel):
     """A client tool. Server tools (`web_search_...`, `bash_...`) run at Anthropic, not here."""
 
@@ -203,3 +202,14 @@ def message_body(mid: str, model: str, gen: Generation, parsed: ParsedCompletion
 def event(name: str, body: dict[str, Any]) -> str:
     """One SSE event as Anthropic sends it: the name twice, as `event:` and as the body's `type`."""
     return f"event: {name}\ndata: " + json.dumps({"type": name, **body}, separators=(",", ":")) + "\n\n"
+
+
+_MARK = "\x00clawr1 text\x00"
+_TEXT_HEAD, _TEXT_TAIL = event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": _MARK}}
+                               ).split(json.dumps(_MARK))
+
+
+def text_delta(text: str) -> str:
+    """The text block's `content_block_delta` event, the event of nearly every token: the text's
+    JSON string put into the rest, rendered once (as the chat route's chunks)."""
+    return _TEXT_HEAD + json.dumps(text) + _TEXT_TAIL
