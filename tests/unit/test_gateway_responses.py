@@ -64,6 +64,18 @@ def test_streamed_events_carry_the_recorded_text(server, engine):
     assert events[-1].response.usage.output_tokens == len(step.token_ids)
 
 
+def test_spliced_text_deltas_are_the_events_built_whole_in_sequence():
+    texts = ["", " hello", 'a "quoted" \\ back\nslash', "é ✓ 🙂", responses_wire._TEXT_MARK, "\x00\u2028"]
+    spliced, whole = responses_wire.Events(), responses_wire.Events()
+    for events in (spliced, whole):
+        events("response.created", response={})
+    delta = spliced.text_deltas("msg_1")
+    for text in texts:
+        assert delta(text) == whole("response.output_text.delta", item_id="msg_1", output_index=0, content_index=0,
+                                    delta=text, logprobs=[]), text
+    assert spliced("response.completed") == whole("response.completed")  # the numbering goes on
+
+
 def test_a_stream_past_the_timeout_ends_with_response_failed_and_is_stored_aborted(engine, tmp_path):
     slow = ScriptedEngine(engine, "one two three four five six seven eight nine ten", delay=0.1)
     with live_gateway(slow, tmp_path, "gateway.request_timeout_s=0.45", "gateway.keepalive_s=0.04") as (base, pool):

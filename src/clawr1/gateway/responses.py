@@ -54,10 +54,7 @@ class Responses(Wire):
                     ev("response.content_part.added", item_id=mid, output_index=0, content_index=0,
                        part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})]
 
-        def delta(text: str) -> str:
-            return ev("response.output_text.delta", item_id=mid, output_index=0, content_index=0, delta=text,
-                      logprobs=[])
-
+        delta = ev.text_deltas(mid)
         skeleton = wire.response_object(rid, req, created_at, "in_progress", [], None)
         yield ev("response.created", response=skeleton)
         yield ev("response.in_progress", response=skeleton)

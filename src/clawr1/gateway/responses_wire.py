@@ -17,6 +17,7 @@ stock client's turns into one session). Unknown fields (`store`, `text`, `reason
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -196,6 +197,9 @@ def _choice(choice: str | FunctionChoice | None) -> Any:
     return choice.model_dump() if isinstance(choice, FunctionChoice) else choice or "auto"
 
 
+_TEXT_MARK = "\x00clawr1 text\x00"
+
+
 class Events:
     """SSE events with the `sequence_number` every Responses event carries."""
 
@@ -206,3 +210,20 @@ class Events:
         data = {"type": kind, "sequence_number": self.sequence, **body}
         self.sequence += 1
         return f"event: {kind}\ndata: " + json.dumps(data, separators=(",", ":")) + "\n\n"
+
+    def text_deltas(self, item_id: str) -> Callable[[str], str]:
+        """`self("response.output_text.delta", ...)` for the message item's text, the event of
+        nearly every token: the event rendered once with two marks, then each delta's sequence
+        number and JSON string put in their places (as the chat route's chunks)."""
+        template = self("response.output_text.delta", item_id=item_id, output_index=0, content_index=0,
+                        delta=_TEXT_MARK, logprobs=[])
+        self.sequence -= 1  # the template is not sent
+        head, rest = template.split(f'"sequence_number":{self.sequence},', 1)
+        middle, tail = rest.rsplit(json.dumps(_TEXT_MARK), 1)  # the delta comes after the item id
+        head += '"sequence_number":'
+
+        def delta(text: str) -> str:
+            number, self.sequence = self.sequence, self.sequence + 1
+            return f"{head}{number},{middle}{json.dumps(text)}{tail}"
+
+        return delta
