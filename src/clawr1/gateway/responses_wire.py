@@ -213,8 +213,9 @@ class Events:
 
     def text_deltas(self, item_id: str) -> Callable[[str], str]:
         """`self("response.output_text.delta", ...)` for the message item's text, the event of
-        nearly every token: the event rendered once with two marks, then each delta's sequence
-        number and JSON string put in their places (as the chat route's chunks)."""
+        nearly every token: the event rendered once, cut at its sequence number and at a mark in
+        the delta's place, then each delta's number and JSON string put in (as the chat route's
+        chunks)."""
         template = self("response.output_text.delta", item_id=item_id, output_index=0, content_index=0,
                         delta=_TEXT_MARK, logprobs=[])
         self.sequence -= 1  # the template is not sent
