@@ -57,7 +57,8 @@ def test_streaming_deltas_are_the_recorded_text(server, engine):
 def test_a_spliced_content_chunk_is_the_chunk_built_whole():
     """`Chunks.content` splices the delta's JSON into an envelope rendered once; it must be the very
     chunk `json.dumps` of the whole body gives, whatever the text and the client's model name."""
-    from clawr1.gateway.chat import _MARK, Chunks
+    from clawr1.gateway.chat import Chunks
+    from clawr1.gateway.streaming import MARK as _MARK
 
     texts = ["", " hello", 'a "quoted" \\ back\nslash', "é ✓ 🙂", "</script>", _MARK, "\x00\u2028"]
     for model in ["m", 'model "x"', f"a{_MARK}b", _MARK]:

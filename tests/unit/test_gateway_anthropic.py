@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from clawr1.core.types import Generation
-from clawr1.gateway import anthropic_wire
+from clawr1.gateway import anthropic_wire, streaming
 from clawr1.gateway.errors import anthropic_error_body
 from tests.gateway_helpers import live_gateway, steps_of
 from tests.scripted_engine import ScriptedEngine
@@ -93,7 +93,7 @@ def test_sse_wire_format(server, engine):
 
 
 def test_a_spliced_text_delta_is_the_event_built_whole():
-    for text in ["", " hello", 'a "quoted" \\ back\nslash', "é ✓ 🙂", anthropic_wire._MARK, "\x00\u2028"]:
+    for text in ["", " hello", 'a "quoted" \\ back\nslash', "é ✓ 🙂", streaming.MARK, "\x00\u2028"]:
         assert anthropic_wire.text_delta(text) == anthropic_wire.event(
             "content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": text}}), text
 

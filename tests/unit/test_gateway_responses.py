@@ -9,7 +9,7 @@ import pytest
 from openai.types.responses import Response
 
 from clawr1.core.types import Generation
-from clawr1.gateway import responses_wire
+from clawr1.gateway import responses_wire, streaming
 from tests.gateway_helpers import live_gateway, steps_of
 from tests.scripted_engine import ScriptedEngine
 
@@ -65,7 +65,7 @@ def test_streamed_events_carry_the_recorded_text(server, engine):
 
 
 def test_spliced_text_deltas_are_the_events_built_whole_in_sequence():
-    texts = ["", " hello", 'a "quoted" \\ back\nslash', "é ✓ 🙂", responses_wire._TEXT_MARK, "\x00\u2028"]
+    texts = ["", " hello", 'a "quoted" \\ back\nslash', "é ✓ 🙂", streaming.MARK, "\x00\u2028"]
     spliced, whole = responses_wire.Events(), responses_wire.Events()
     for events in (spliced, whole):
         events("response.created", response={})

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from clawr1.core.messages import arguments_value
 from clawr1.core.types import Generation, ParsedCompletion, SamplingParams, ToolCall
 from clawr1.gateway.errors import APIError
+from clawr1.gateway.streaming import spliced
 from clawr1.gateway.translated import text_content
 
 
@@ -204,12 +205,5 @@ def event(name: str, body: dict[str, Any]) -> str:
     return f"event: {name}\ndata: " + json.dumps({"type": name, **body}, separators=(",", ":")) + "\n\n"
 
 
-_MARK = "\x00clawr1 text\x00"
-_TEXT_HEAD, _TEXT_TAIL = event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": _MARK}}
-                               ).split(json.dumps(_MARK))
-
-
-def text_delta(text: str) -> str:
-    """The text block's `content_block_delta` event, the event of nearly every token: the text's
-    JSON string put into the rest, rendered once (as the chat route's chunks)."""
-    return _TEXT_HEAD + json.dumps(text) + _TEXT_TAIL
+text_delta = spliced(lambda text: event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": text}}))
+"""The text block's `content_block_delta` event, the event of nearly every token."""

@@ -3,7 +3,6 @@ wire format only: parsing into a `Job`, the reply body, the chunks; the rest is 
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,10 +16,9 @@ from clawr1.gateway.ids import new_id
 from clawr1.gateway.pipeline import Exchange, Job, Wire, handle, safe_text
 from clawr1.gateway.service import Caller, Gateway
 from clawr1.gateway.sessions import affinity_key
-from clawr1.gateway.streaming import sse
+from clawr1.gateway.streaming import spliced, sse
 
 router = APIRouter()
-_MARK = "\x00clawr1 content\x00"
 
 
 class Chunks:
@@ -31,8 +29,8 @@ class Chunks:
 
     def __init__(self, cid: str, model: str, version: int):
         self.cid, self.model, self.version, self.created = cid, model, version, int(time.time())
-        # The delta comes last in the chunk, after the client's own model name: split at the last mark.
-        self.head, self.tail = self.event({"content": _MARK}).rsplit(json.dumps(_MARK), 1)
+        self.content = spliced(lambda text: self.event({"content": text}))
+        """`event({"content": text})`, without building the chunk."""
 
     def body(self, delta: dict[str, Any], finish: str | None = None,
              logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -40,10 +38,6 @@ class Chunks:
 
     def event(self, delta: dict[str, Any], finish: str | None = None, logprobs: dict[str, Any] | None = None) -> str:
         return sse(self.body(delta, finish, logprobs))
-
-    def content(self, text: str) -> str:
-        """`event({"content": text})`, without building the chunk."""
-        return self.head + json.dumps(text) + self.tail
 
 
 class Chat(Wire):

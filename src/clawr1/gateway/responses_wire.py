@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from clawr1.core.types import Generation, ParsedCompletion, SamplingParams
 from clawr1.gateway.errors import APIError
+from clawr1.gateway.streaming import MARK
 from clawr1.gateway.translated import text_content
 
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -197,9 +198,6 @@ def _choice(choice: str | FunctionChoice | None) -> Any:
     return choice.model_dump() if isinstance(choice, FunctionChoice) else choice or "auto"
 
 
-_TEXT_MARK = "\x00clawr1 text\x00"
-
-
 class Events:
     """SSE events with the `sequence_number` every Responses event carries."""
 
@@ -213,14 +211,13 @@ class Events:
 
     def text_deltas(self, item_id: str) -> Callable[[str], str]:
         """`self("response.output_text.delta", ...)` for the message item's text, the event of
-        nearly every token: the event rendered once, cut at its sequence number and at a mark in
-        the delta's place, then each delta's number and JSON string put in (as the chat route's
-        chunks)."""
+        nearly every token: as `streaming.spliced`, with the sequence number put in too (the
+        template is cut there as well)."""
         template = self("response.output_text.delta", item_id=item_id, output_index=0, content_index=0,
-                        delta=_TEXT_MARK, logprobs=[])
+                        delta=MARK, logprobs=[])
         self.sequence -= 1  # the template is not sent
         head, rest = template.split(f'"sequence_number":{self.sequence},', 1)
-        middle, tail = rest.rsplit(json.dumps(_TEXT_MARK), 1)  # the delta comes after the item id
+        middle, tail = rest.rsplit(json.dumps(MARK), 1)  # the delta comes after the item id
         head += '"sequence_number":'
 
         def delta(text: str) -> str:

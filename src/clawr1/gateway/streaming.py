@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from clawr1.core.types import TokenEvent
@@ -38,6 +38,19 @@ async def events(stream: GenerationStream, keepalive_s: float, timeout_s: float)
         except StopAsyncIteration:
             return
         yield event
+
+
+MARK = "\x00clawr1 text\x00"
+"""Stands in for a token's text in an event rendered once (`spliced`)."""
+
+
+def spliced(render: Callable[[str], str]) -> Callable[[str], str]:
+    """`render` (a token's text -> its event) for the event of nearly every token: rendered once
+    with `MARK` in the text's place, then each text's JSON string put there (0.3 us a token against
+    3-5 us for building and dumping the event). The text must be the event's last string, as the
+    other ones (a client's model name) may hold the mark."""
+    head, tail = render(MARK).rsplit(json.dumps(MARK), 1)
+    return lambda text: head + json.dumps(text) + tail
 
 
 def sse(body: dict[str, Any]) -> str:
