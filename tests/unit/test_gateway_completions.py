@@ -41,6 +41,7 @@ def test_openai_client_text_prompts_n_and_streaming(server, engine):
     chunks = list(client.completions.create(model="m", prompt="Hello", max_tokens=6, temperature=0, stream=True))
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    assert len({(c.id, c.created, c.model, c.object) for c in chunks}) == 1  # one envelope for the stream
     streamed = [s for s in steps_of(pool, 5) if s.prompt_ids == engine.tokenizer.encode("Hello")]
     assert text == engine.tokenizer.decode(streamed[0].token_ids, skip_special_tokens=True)
 

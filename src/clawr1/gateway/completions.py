@@ -16,14 +16,15 @@ from clawr1.gateway.errors import APIError
 from clawr1.gateway.ids import new_id
 from clawr1.gateway.pipeline import Exchange, Job, Wire, handle
 from clawr1.gateway.service import Caller, Gateway
-from clawr1.gateway.streaming import sse
+from clawr1.gateway.streaming import spliced, sse
 
 router = APIRouter()
 
 
-def _body(ex: Exchange, version: int, choices: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"id": ex.job.reply_id, "object": "text_completion", "created": int(time.time()), "model": ex.job.req.model,
-            "system_fingerprint": schema.fingerprint(version), "choices": choices}
+def _body(ex: Exchange, version: int, choices: list[dict[str, Any]], created: int | None = None) -> dict[str, Any]:
+    """`created`: the stream's, in each of its chunks (as chat's)."""
+    return {"id": ex.job.reply_id, "object": "text_completion", "created": int(time.time()) if created is None else created,
+            "model": ex.job.req.model, "system_fingerprint": schema.fingerprint(version), "choices": choices}
 
 
 class Completions(Wire):
@@ -49,7 +50,10 @@ class Completions(Wire):
         return body
 
     async def events(self, ex: Exchange) -> AsyncIterator[str]:
-        req, version = ex.job.req, ex.streams[0].version
+        req, version, created = ex.job.req, ex.streams[0].version, int(time.time())
+        # The chunk of nearly every token, rendered once with the text spliced in (as chat's).
+        text = spliced(lambda delta: sse(_body(ex, version, [{"index": 0, "text": delta, "logprobs": None,
+                                                               "finish_reason": None}], created)))
         sent = visible = ""
         async for event in ex.tokens():
             if event is not None:
@@ -57,14 +61,14 @@ class Completions(Wire):
             delta = visible[len(sent):]
             if event is None or delta:  # a keep-alive is an empty text chunk
                 sent = visible
-                yield sse(_body(ex, version, [{"index": 0, "text": delta, "logprobs": None, "finish_reason": None}]))
+                yield text(delta)
         gen, _ = await ex.finish()
         # Text after a stop sequence was never streamed (the engine holds stop prefixes back).
         tail = gen.content[len(sent):] if len(gen.content) > len(sent) else ""
         yield sse(_body(ex, version, [schema.text_choice(0, gen, req, ex.gw.engine.tokenizer, tail,
-                                                         schema.text_finish(gen))]))
+                                                         schema.text_finish(gen))], created))
         if req.stream_options and req.stream_options.include_usage:
-            body = _body(ex, version, [])
+            body = _body(ex, version, [], created)
             body["usage"] = schema.usage(len(gen.prompt_ids), len(gen.token_ids))
             yield sse(body)
         yield "data: [DONE]\n\n"
