@@ -229,7 +229,8 @@ def chat(client: httpx.Client, i: int) -> httpx.Response:
 
 
 @pytest.mark.parametrize("durable", [True, False])
-def test_a_full_disk_under_a_live_gateway_refuses_then_recovers_by_itself(engine, small_disk, durable):
+def test_a_full_disk_under_a_live_gateway_refuses_then_recovers_by_itself(engine, small_disk, durable, monkeypatch):
+    monkeypatch.setattr(Admission, "recheck_s", 0.5)  # the probe's period, shortened as a clock would be
     scripted = ScriptedEngine(engine, "Hello there.")
     data = small_disk / "data"
     with live_gateway(scripted, data, f"gateway.durable_reply={str(durable).lower()}") as (base, pool), \
