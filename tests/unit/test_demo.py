@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import openai
 import pytest
 
 from clawr1.core.config import EngineConfig, load_config
-from clawr1.demo.evaluate import evaluate
+from clawr1.demo.evaluate import EvalReply, evaluate, stats
 from clawr1.demo.live import QualityTracker, Scoreboard, version_of
 from clawr1.demo.plot import plot_runs, smoothed
 from clawr1.demo.preferences import DEFAULT_PREFERENCES, parse_preferences
-from clawr1.demo.questions import HELD_OUT, QUESTIONS, TOPICS, non_answer
+from clawr1.demo.questions import HELD_OUT, QUESTIONS, TOPICS, non_answer, substantive
+from clawr1.demo.report import describe
 from clawr1.demo.run import DemoSettings, MainJob
 from clawr1.demo.users import CUT_OFF, NON_ANSWER, PREFERENCES, THANKS, make_users, one_short_paragraph
 from clawr1.engine.local import LocalEngine
@@ -76,6 +78,41 @@ def test_every_question_has_a_topic_and_held_out_is_disjoint():
 ])
 def test_what_a_person_does_not_take_as_an_answer(question, reply, why):
     assert non_answer(question, reply, SYSTEM) == why
+
+
+@pytest.mark.parametrize("question, reply, says", [
+    # From the reference run's v17 (docs/demo-runs/combine-defaults-warmup-16.json): on topic, so
+    # answered, but only the question's own nouns.
+    ("How do I pick a good avocado?", ("I'm your personal assistant. Just remember, it's a great idea to choose the "
+                                       "right kind of avocado for your diet. We can chat about how to choose the "
+                                       "perfect one."), False),
+    ("How should I care for a new leather jacket?", ("I'll just tell you what you need to do to make sure your new "
+                                                     "leather jacket is happy."), False),
+    ("How do I pick a good avocado?", "Press it gently: a ripe one gives a little, and the skin is dark.", True),
+    ("How do I make cold brew coffee at home?", "Steep coarse grounds in cold water overnight, then strain.", True),
+    # A form of a word the question used is the question's: "cleaning" adds nothing to "clean".
+    ("How can I keep my car clean inside?", "Keep cleaning your car, cleaning is what keeps a car clean.", False),
+    ("How can I keep my car clean inside?", "Vacuum the seats weekly and keep a bin for rubbish.", True),
+    ("How do I sleep better?", "Sleeping better is good.", True),  # unlisted: nothing to judge by
+])
+def test_a_substantive_reply_says_something_the_question_did_not(question, reply, says):
+    assert substantive(question, reply) is says
+
+
+def _reply(preferred: bool, sane: bool, non_answer: str | None, substantive: bool) -> EvalReply:
+    return EvalReply(question="q", user="u", preference="short", completion_id="c", version="clawr1-v1", text="a b c",
+                     finished=True, preferred=preferred, non_answer=non_answer, substantive=substantive, sane=sane)
+
+
+def test_the_strict_headline_counts_only_preferred_sane_and_substantive_replies():
+    replies = [_reply(True, True, None, True), _reply(True, True, None, False), _reply(True, False, None, True),
+               _reply(False, True, None, True), _reply(True, True, "off topic", False)]
+    shown = stats(replies)
+    assert shown["preferred_and_sane"] == 3 / 5 and shown["answered"] == 4 / 5
+    assert shown["substantive"] == 3 / 5 and shown["preferred_sane_substantive"] == 1 / 5
+    assert "says nothing the question did not" in describe(asdict(replies[1])).plain
+    assert "says nothing" not in describe(asdict(replies[0])).plain
+    assert "says nothing" not in describe(asdict(replies[4])).plain  # a non-answer is flagged as one
 
 
 def test_users_complain_about_non_answers_correct_broken_preferences_and_move_on():
@@ -149,7 +186,8 @@ def test_plot_writes_a_png(tmp_path):
         {"version": 0, "replies": 4, "score": 0.25, "sane_rate": 0.9, "measured": 4},
         {"version": 1, "replies": 4, "score": 0.5, "sane_rate": None, "measured": 0},
         {"version": 2, "replies": 4, "score": 0.75, "sane_rate": 0.5, "measured": 4}],
-        "curve": [{"version": 0, "score": 0.3, "preferred_and_sane": 0.3, "sane_rate": 0.9},
+        "curve": [{"version": 0, "score": 0.3, "preferred_and_sane": 0.3, "sane_rate": 0.9,
+                   "preferred_sane_substantive": 0.2},
                   {"version": 2, "score": 0.8, "preferred_and_sane": 0.4, "sane_rate": 0.5}]}
     out = plot_runs([result], tmp_path / "curves.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
@@ -184,7 +222,8 @@ def test_the_base_is_measured_once_recorded_but_never_trained(engine, tmp_path):
         stored = {s.step_id: s.text for s in steps}
         assert reply["question"] == QS[0] and reply["user"] == users[0].name
         assert all(r["text"] == stored[r["completion_id"] + "-0"] for r in shown["replies"])  # verbatim
-        assert set(reply) >= {"preference", "sane", "preferred", "reasons", "non_answer", "relevance", "fluency", "kl"}
+        assert set(reply) >= {"preference", "sane", "preferred", "reasons", "non_answer", "substantive", "relevance",
+                              "fluency", "kl"}
         # Paired: a second evaluation samples the same replies (same prompts, same seeds).
         again = run(_evaluate(base, users)).as_dict()
         assert [r["text"] for r in again["replies"]] == [r["text"] for r in shown["replies"]]
@@ -250,4 +289,5 @@ def test_eval_command_measures_the_served_version_and_the_base(engine, tmp_path,
         assert result["n"] == 16 and result["versions"] == {"clawr1-v0": 16} and 0 <= result["score"] <= 1
         assert set(result["by_preference"]) == {"no-exclamation", "by-name"} and len(result["replies"]) == 16
         assert result["sane_rate"] is not None and result["base"]["n"] == 16 and "held-out evaluation" in out
+        assert 0 <= result["preferred_sane_substantive"] <= result["preferred_and_sane"] and "substantive" in out
         assert len(steps_of(pool, 16)) == 16 and pool.stats()["main_steps"] == 0  # measured, never trained

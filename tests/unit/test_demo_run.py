@@ -18,7 +18,7 @@ def test_a_short_demo_finishes_and_reports_preference_and_quality_per_version(ti
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
     assert "demo summary (combine" in out and "held-out preferred and sane" in out and "sane rate" in out
-    assert "held-out replies, before -> after" in out
+    assert "held-out replies, before -> after" in out and "and substantive (adds to the question)" in out
     result = json.loads((tmp_path / "demo" / "combine-seed0" / "demo.json").read_text())
     assert result["settings"]["preferences"] == ["short", "no-exclamation", "by-name"]
     assert result["settings"]["lr"] is None  # the product's learning rate: the demo set none
@@ -33,6 +33,8 @@ def test_a_short_demo_finishes_and_reports_preference_and_quality_per_version(ti
     assert "clawr1-v0" not in after["versions"] and after["base"] == before["base"]  # the base, asked once
     for shown in (before, after):
         assert shown["quality_error"] is None and 0 <= shown["preferred_and_sane"] <= shown["score"]
+        assert 0 <= shown["preferred_sane_substantive"] <= shown["preferred_and_sane"]
+        assert 0 <= shown["substantive"] <= shown["answered"]
         assert len(shown["replies"]) == 9 and all({"question", "text", "preference", "sane", "preferred", "reasons"}
                                                   <= set(r) for r in shown["replies"])
     # The held-out curve: before, at least one evaluation while the users talked, after.

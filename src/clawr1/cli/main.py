@@ -139,13 +139,14 @@ def cmd_eval(args: argparse.Namespace, config: Config) -> int:
     result = asyncio.run(measure()).as_dict()
     title = (f"held-out evaluation ({', '.join(preferences)}): the served version and the base on the same "
              "prompts and seeds")
-    table = Table("replies of", "n", "preferred and sane", "preference score", "sane rate", "relevance", "fluency",
-                  "KL", "words", title=title)
+    table = Table("replies of", "n", "preferred and sane", "... and substantive", "preference score", "sane rate",
+                  "substantive", "relevance", "fluency", "KL", "words", title=title)
     rows = [(f"served {v}", s) for v, s in result["by_version"].items()]
     rows.append(("base (X-Policy-Version: 0)", result["base"]))
     for label, s in rows:
-        table.add_row(label, str(s["n"]), rate(s["preferred_and_sane"]), rate(s["score"]), rate(s["sane_rate"]),
-                      rate(s["relevance"]), rate(s["fluency"]), rate(s["kl"]), f"{s['mean_words']:.0f}")
+        table.add_row(label, str(s["n"]), rate(s["preferred_and_sane"]), rate(s["preferred_sane_substantive"]),
+                      rate(s["score"]), rate(s["sane_rate"]), rate(s["substantive"]), rate(s["relevance"]),
+                      rate(s["fluency"]), rate(s["kl"]), f"{s['mean_words']:.0f}")
     console.print(table)
     console.print("by preference (served): " + ", ".join(f"{k} {v:.2f}" for k, v in result["by_preference"].items()))
     if result["quality_error"]:

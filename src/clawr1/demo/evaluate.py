@@ -26,6 +26,7 @@ from typing import Any
 
 import openai
 
+from clawr1.demo.questions import substantive
 from clawr1.demo.users import HELD_OUT, SimulatedUser
 from clawr1.quality.calibration import MIN_REPLIES
 
@@ -45,6 +46,8 @@ class EvalReply:
     finished: bool
     preferred: bool
     non_answer: str | None
+    substantive: bool = False
+    """It answers and says something the question did not (`questions.substantive`)."""
     sane: bool | None = None  # None: not measured
     reasons: list[str] = field(default_factory=list)
     relevance: float | None = None
@@ -77,6 +80,11 @@ def stats(replies: Sequence[EvalReply]) -> dict[str, Any]:
         "relevance": mean([r.relevance for r in measured]), "fluency": mean([r.fluency for r in measured]),
         "kl": mean([r.kl for r in measured]), "mean_words": sum(r.words for r in replies) / n,
         "answered": sum(r.non_answer is None for r in replies) / n,
+        # Stricter: the reply adds a topic word the question did not say, so naming its nouns back
+        # in a polite sentence does not count. The headline beside it, with every check at once.
+        "substantive": sum(r.substantive for r in replies) / n,
+        "preferred_sane_substantive": sum(r.preferred and bool(r.sane) and r.substantive for r in measured) / n
+        if measured else None,
         "by_preference": {k: sum(v) / len(v) for k, v in sorted(per_pref.items())},
         "versions": dict(collections.Counter(r.version for r in replies)),
     }
@@ -169,6 +177,7 @@ async def _ask(client: Any, pairs: list[tuple[SimulatedUser, str]], max_tokens: 
         verdict = user.assess(question, text, finished)
         return EvalReply(question=question, user=user.name, preference=user.preference.name,
                          completion_id=response.id, version=response.system_fingerprint or "", text=text,
-                         finished=finished, preferred=verdict.preferred, non_answer=verdict.non_answer)
+                         finished=finished, preferred=verdict.preferred, non_answer=verdict.non_answer,
+                         substantive=verdict.non_answer is None and substantive(question, text))
 
     return list(await asyncio.gather(*(one(i, u, q) for i, (u, q) in enumerate(pairs))))

@@ -52,6 +52,11 @@ def plot_runs(results: list[dict[str, Any]], out: Path) -> Path:
             if kept:
                 pref.plot(*zip(*kept), linestyle=":", marker="s", markersize=5, color=color, alpha=0.8,
                           label=f"{method}: held-out preferred and sane")
+            strict = [(v, c["preferred_sane_substantive"]) for v, c in points
+                      if c.get("preferred_sane_substantive") is not None]
+            if strict:
+                pref.plot(*zip(*strict), linestyle="-.", marker="^", markersize=5, color=color, alpha=0.8,
+                          label=f"{method}: held-out preferred, sane and substantive")
             sane = [(v, c["sane_rate"]) for v, c in points if c.get("sane_rate") is not None]
             if sane:
                 qual.plot(*zip(*sane), linestyle="--", marker="X", markersize=7, color=color, alpha=0.8,

@@ -211,6 +211,25 @@ def non_answer(question: str, reply: str, system: str = "") -> str | None:
     return None
 
 
+def substantive(question: str, reply: str) -> bool:
+    """Whether `reply` says something about the topic that the question did not: it mentions a
+    topic word none of the question's own words matches ("ripe" or "skin" to "How do I pick a good
+    avocado?", not "avocado"). Stricter than `non_answer`, which an on-topic reply passes by
+    naming the question's nouns: "it's a great idea to choose the right kind of avocado for your
+    diet" answers nothing. Only the evaluation reports it (the users do not complain on it, so
+    training is not told about it), as a floor under the preference numbers.
+
+    Read against the base's held-out replies in `docs/demo-runs/` (64 tokens, T=0.7): with seed 0,
+    17 of 24 answer and pass, and none of the 6 that answer and fail says how to do the thing
+    asked; with seed 1, 10 pass and 12 fail, two of them fairly (a French press for cold brew; an
+    app and a night's sleep for studying), so it is a floor, not a grader. A question with no
+    listed topic words, or whose own words match every one, cannot be judged: True.
+    """
+    asked = words(question)
+    new = [stem for stem in topic_of(question).words if not any(mentions(w, stem) for w in asked)]
+    return not new or any(mentions(w, stem) for w in words(reply) for stem in new)
+
+
 def _echoes(said: list[str], system: list[str], question: list[str]) -> bool:
     """Most of the system prompt or of the question is in the reply, and the reply adds fewer than
     `MIN_NEW_WORDS` words of its own."""

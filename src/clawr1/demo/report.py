@@ -28,9 +28,15 @@ def summary(result: dict[str, Any], console: Console) -> None:
         n = f" ({after['n']} held-out replies)"
         table.add_row("[bold]held-out preferred and sane[/bold]" + n, rate(before["preferred_and_sane"]),
                       rate(after["preferred_and_sane"]))
+        if "substantive" in after:  # runs from before this measure have no such numbers
+            table.add_row("  ... and substantive (adds to the question)", rate(before["preferred_sane_substantive"]),
+                          rate(after["preferred_sane_substantive"]))
         table.add_row("held-out preference score", rate(before["score"]), rate(after["score"]))
         table.add_row("held-out sane rate", rate(before["sane_rate"]), rate(after["sane_rate"]))
         table.add_row("held-out replies that answer the question", rate(before["answered"]), rate(after["answered"]))
+        if "substantive" in after:
+            table.add_row("  ... and substantive", rate(before["substantive"]),
+                          rate(after["substantive"]))
         table.add_row("mean relevance / fluency", f"{rate(before['relevance'])} / {rate(before['fluency'])}",
                       f"{rate(after['relevance'])} / {rate(after['fluency'])}")
         table.add_row("KL from the base (nats/token)", rate(before["kl"]), rate(after["kl"]))
@@ -72,5 +78,7 @@ def describe(reply: dict[str, Any]) -> Text:
         flags.append("sane" if reply["sane"] else "NOT sane: " + "; ".join(reply["reasons"]))
     if reply["non_answer"]:
         flags.append(f"user: {reply['non_answer']}")
+    elif reply.get("substantive") is False:
+        flags.append("says nothing the question did not")
     text = reply["text"] if len(reply["text"]) <= 300 else reply["text"][:297] + "..."
     return Text(f"{text!r}\n[{', '.join(flags)}; {reply['version']}]")
