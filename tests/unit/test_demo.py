@@ -16,7 +16,7 @@ from clawr1.demo.preferences import DEFAULT_PREFERENCES, parse_preferences
 from clawr1.demo.questions import HELD_OUT, QUESTIONS, TOPICS, non_answer, substantive
 from clawr1.demo.report import describe
 from clawr1.demo.run import DemoSettings, MainJob
-from clawr1.demo.users import CUT_OFF, NON_ANSWER, PREFERENCES, THANKS, make_users, one_short_paragraph
+from clawr1.demo.users import CUT_OFF, NON_ANSWER, PREFERENCES, SAYS_NOTHING, THANKS, make_users, one_short_paragraph
 from clawr1.engine.local import LocalEngine
 from clawr1.reward.factory import classifier_available
 from tests.conftest import run
@@ -144,6 +144,20 @@ def test_users_complain_about_non_answers_correct_broken_preferences_and_move_on
     for u in reactions:
         u.next_question()
     assert reactions[0].react("ok", True) == reactions[1].react("ok", True)
+
+
+def test_users_who_want_substance_complain_about_an_answer_that_says_nothing_new():
+    thin = "Just remember, it's a great idea to choose the right kind of avocado for your diet."
+    useful = "Press it gently: a ripe one gives a little, and the skin is dark."
+    plain, strict = make_users(1, seed=0)[0], make_users(1, seed=0, wants_substance=True)[0]
+    for user in (plain, strict):
+        user.question = "How do I pick a good avocado?"
+    assert plain.react(thin, True)[0]  # the default users take it (answered, short, finished)
+    kept, said = strict.react(thin, True)
+    assert not kept and said in {p.format(asked="I asked about picking an avocado.") for p in NON_ANSWER[SAYS_NOTHING]}
+    assert strict.assess("How do I pick a good avocado?", thin, True).non_answer == SAYS_NOTHING
+    kept, said = strict.react(useful, True)
+    assert kept and any(said.startswith(t) for t in THANKS)
 
 
 def test_preference_sets_are_selectable():

@@ -391,6 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", type=Path, help="run each of --methods in turn and plot preference and quality "
                    "per version to this PNG")
     p.add_argument("--methods", default="rl,opd,combine", help="with --plot: the methods to compare")
+    p.add_argument("--users-want-substance", action="store_true", default=None,
+                   help="the users also complain about an answer that says nothing the question did not")
     p.set_defaults(fn=cmd_demo)
 
     p = sub.add_parser("eval", help="preference score and reply quality of the served version and the base on "

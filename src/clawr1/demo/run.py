@@ -77,6 +77,10 @@ class DemoSettings(BaseModel):
     """Also evaluate on the held-out prompts every this many versions (a held-out curve)."""
     quality_batch: int = Field(16, ge=1, le=512)
     """Users' replies measured per `/v1/quality` call for the live sane rate."""
+    users_want_substance: bool = False
+    """The talking users also complain about an answer that says nothing the question did not
+    (`questions.substantive`), as a person would. The held-out evaluation's users never do, so its
+    numbers compare with runs without it; its strict headline counts substance either way."""
 
     @field_validator("preferences", mode="before")
     @classmethod
@@ -185,7 +189,8 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
                 before = await measure("before", None)
         references = [r.completion_id for r in before.base] if before and before.calibration else []
         board, done = Scoreboard(), asyncio.Event()
-        users = make_users(settings.users, settings.seed, settings.preferences, turns=settings.turns)
+        users = make_users(settings.users, settings.seed, settings.preferences, turns=settings.turns,
+                           wants_substance=settings.users_want_substance)
         tasks = [asyncio.create_task(talk(u, client, board, settings.turns, settings.max_tokens, settings.temperature,
                                           done)) for u in users]
         if references:  # else nothing to measure the users' replies against: the sane column stays empty

@@ -6,6 +6,8 @@ its preference directly: it asks everyday questions and reacts as a person would
   question echoed back, a loop: `questions.non_answer`) gets a complaint ("That doesn't answer
   my question.", "What? That makes no sense.") and never counts as keeping the preference, so
   short nonsense cannot score;
+- with `wants_substance` (the demo's `--users-want-substance`), an answer that says nothing the
+  question did not (`questions.substantive`) gets "That doesn't tell me how. I asked about ...";
 - a reply that breaks the preference gets a natural correction ("please don't use bold text");
 - a reply cut off at the client's length cap gets "that was cut off" (every user minds it);
 - anything else gets thanks plus a new question.
@@ -19,10 +21,10 @@ import random
 from dataclasses import dataclass, field
 
 from clawr1.demo.preferences import DEFAULT_PREFERENCES, PREFERENCES, Preference, one_short_paragraph
-from clawr1.demo.questions import HELD_OUT, QUESTIONS, asked, non_answer
+from clawr1.demo.questions import HELD_OUT, QUESTIONS, asked, non_answer, substantive
 
-__all__ = ["CUT_OFF", "HELD_OUT", "NON_ANSWER", "PREFERENCES", "QUESTIONS", "THANKS", "Assessment", "SimulatedUser",
-           "make_users", "one_short_paragraph"]
+__all__ = ["CUT_OFF", "HELD_OUT", "NON_ANSWER", "PREFERENCES", "QUESTIONS", "SAYS_NOTHING", "THANKS", "Assessment",
+           "SimulatedUser", "make_users", "one_short_paragraph"]
 
 CUT_OFF = ("Your answer got cut off mid-sentence. Please keep it shorter so it fits.",
            "That was cut off before the end. A shorter answer would be better.",
@@ -30,6 +32,8 @@ CUT_OFF = ("Your answer got cut off mid-sentence. Please keep it shorter so it f
 THANKS = ("Thanks, that's helpful!", "Great, thank you.", "Perfect, thanks.", "Nice, that works for me.",
           "Thanks! That's exactly what I needed.")
 NEXT = ("Another question:", "Next one:", "Also,", "One more thing:")
+SAYS_NOTHING = "says nothing new"
+"""`Assessment.non_answer` of an answer that says nothing the question did not (`wants_substance`)."""
 # What a person says to a reply that is not an answer, by why it is not; `{asked}` points back at
 # the question ("I asked about cold brew coffee.").
 _NONSENSE = ("What? That makes no sense.", "Sorry, what do you mean? {asked}", "Huh? That's not an answer. {asked}")
@@ -40,6 +44,8 @@ NON_ANSWER: dict[str, tuple[str, ...]] = {
                              "Why are you repeating that? {asked}",
                              "That's just my own words again. Please answer it."),
     "too short": _NONSENSE, "loops": _NONSENSE, "empty": _NONSENSE,
+    SAYS_NOTHING: ("That doesn't really tell me anything. {asked}", "Can you be more specific? {asked}",
+                   "That's not much help, I still don't know what to do. {asked}"),
 }
 NAMES = ("Anna", "Ben", "Chloe", "David", "Elena", "Farid", "Grace", "Hugo", "Ines", "Jonas", "Kira", "Liam")
 
@@ -72,6 +78,8 @@ class SimulatedUser:
     asked: int = field(default=0)
     question: str = ""
     """The question the user is waiting to have answered."""
+    wants_substance: bool = False
+    """Also complain about an answer that says nothing the question did not (`SAYS_NOTHING`)."""
 
     @property
     def system(self) -> str:
@@ -88,6 +96,8 @@ class SimulatedUser:
     def assess(self, question: str, reply: str, finished: bool) -> Assessment:
         """The user's verdict on `reply` to `question` (pure: no randomness, no state)."""
         why = non_answer(question, reply, self.system)
+        if why is None and self.wants_substance and not substantive(question, reply):
+            why = SAYS_NOTHING
         return Assessment(answers=why is None, non_answer=why,
                           keeps_rule=self.preference.check(reply, True, self.name), finished=finished)
 
@@ -104,9 +114,10 @@ class SimulatedUser:
 
 
 def make_users(n: int, seed: int, preferences: list[str] | tuple[str, ...] | None = None,
-               turns: int = 3) -> list[SimulatedUser]:
+               turns: int = 3, wants_substance: bool = False) -> list[SimulatedUser]:
     """`n` users, preferences (default: the demo's three) assigned round-robin so each is equally
     represented."""
     names = tuple(preferences or DEFAULT_PREFERENCES)
     return [SimulatedUser(NAMES[i % len(NAMES)] + ("" if i < len(NAMES) else str(i)),
-                          PREFERENCES[names[i % len(names)]], random.Random(seed * 1000 + i), turns) for i in range(n)]
+                          PREFERENCES[names[i % len(names)]], random.Random(seed * 1000 + i), turns,
+                          wants_substance=wants_substance) for i in range(n)]
