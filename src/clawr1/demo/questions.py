@@ -216,8 +216,9 @@ def substantive(question: str, reply: str) -> bool:
     topic word none of the question's own words matches ("ripe" or "skin" to "How do I pick a good
     avocado?", not "avocado"). Stricter than `non_answer`, which an on-topic reply passes by
     naming the question's nouns: "it's a great idea to choose the right kind of avocado for your
-    diet" answers nothing. Only the evaluation reports it (the users do not complain on it, so
-    training is not told about it), as a floor under the preference numbers.
+    diet" answers nothing. The evaluation reports it, as a floor under the preference numbers;
+    the users complain on it only when told to (`SimulatedUser.wants_substance`), so by default
+    training is not told about it.
 
     Read against the base's held-out replies in `docs/demo-runs/` (64 tokens, T=0.7): with seed 0,
     17 of 24 answer and pass, and none of the 6 that answer and fail says how to do the thing

@@ -7,7 +7,7 @@ its preference directly: it asks everyday questions and reacts as a person would
   my question.", "What? That makes no sense.") and never counts as keeping the preference, so
   short nonsense cannot score;
 - with `wants_substance` (the demo's `--users-want-substance`), an answer that says nothing the
-  question did not (`questions.substantive`) gets "That doesn't tell me how. I asked about ...";
+  question did not (`questions.substantive`) gets "That doesn't really tell me anything. I asked about ...";
 - a reply that breaks the preference gets a natural correction ("please don't use bold text");
 - a reply cut off at the client's length cap gets "that was cut off" (every user minds it);
 - anything else gets thanks plus a new question.

@@ -23,8 +23,9 @@ router = APIRouter()
 
 def _body(ex: Exchange, version: int, choices: list[dict[str, Any]], created: int | None = None) -> dict[str, Any]:
     """`created`: the stream's, in each of its chunks (as chat's)."""
-    return {"id": ex.job.reply_id, "object": "text_completion", "created": int(time.time()) if created is None else created,
-            "model": ex.job.req.model, "system_fingerprint": schema.fingerprint(version), "choices": choices}
+    return {"id": ex.job.reply_id, "object": "text_completion",
+            "created": int(time.time()) if created is None else created, "model": ex.job.req.model,
+            "system_fingerprint": schema.fingerprint(version), "choices": choices}
 
 
 class Completions(Wire):
