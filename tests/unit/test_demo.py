@@ -99,6 +99,18 @@ def test_a_substantive_reply_says_something_the_question_did_not(question, reply
     assert substantive(question, reply) is says
 
 
+def test_base_rates_count_substantive_answers():
+    from clawr1.demo.base_rates import rates
+
+    question, system = "How do I pick a good avocado?", "You are Anna's personal assistant. Be helpful and friendly."
+    replies = [{"question": question, "name": "Anna", "system": system, "finished": True, "text": text} for text in (
+        "Press it gently: a ripe one gives a little, and the skin is dark.",
+        "Just remember, it's a great idea to choose the right kind of avocado for your diet.",
+        "You're right.")]
+    shown = rates(replies)
+    assert (shown["answers"], shown["substantive"]) == (2 / 3, 1 / 3)
+
+
 def _reply(preferred: bool, sane: bool, non_answer: str | None, substantive: bool) -> EvalReply:
     return EvalReply(question="q", user="u", preference="short", completion_id="c", version="clawr1-v1", text="a b c",
                      finished=True, preferred=preferred, non_answer=non_answer, substantive=substantive, sane=sane)

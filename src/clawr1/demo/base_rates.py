@@ -18,7 +18,7 @@ from typing import Any
 from clawr1.core.config import EngineConfig, default_data_dir
 from clawr1.core.types import SamplingParams
 from clawr1.demo.preferences import PREFERENCES
-from clawr1.demo.questions import HELD_OUT, non_answer
+from clawr1.demo.questions import HELD_OUT, non_answer, substantive
 from clawr1.demo.users import NAMES
 
 
@@ -46,11 +46,13 @@ async def sample(model: Path, per_question: int, max_tokens: int, temperature: f
 
 def rates(replies: list[dict[str, Any]]) -> dict[str, Any]:
     """Per preference: the share of replies whose text keeps its rule, and the share a user counts
-    as preferred (answers, keeps the rule, finished); plus the non-answer and finished rates."""
+    as preferred (answers, keeps the rule, finished); plus the answer, substantive (answers and
+    says something the question did not) and finished rates."""
     n = len(replies)
     answers = [non_answer(r["question"], r["text"], r["system"]) is None for r in replies]
+    strict = [a and substantive(r["question"], r["text"]) for a, r in zip(answers, replies)]
     out: dict[str, Any] = {"replies": n, "finished": sum(r["finished"] for r in replies) / n,
-                           "answers": sum(answers) / n, "preferences": {}}
+                           "answers": sum(answers) / n, "substantive": sum(strict) / n, "preferences": {}}
     for name, pref in PREFERENCES.items():
         rule = [pref.check(r["text"], True, r["name"]) for r in replies]
         out["preferences"][name] = {
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     replies = asyncio.run(sample(model, args.per_question, args.max_tokens, args.temperature, args.threads))
     result = rates(replies)
     print(f"{result['replies']} base replies: {result['finished']:.2f} finished, {result['answers']:.2f} answer "
-          "the question")
+          f"the question, {result['substantive']:.2f} substantively")
     for name, r in result["preferences"].items():
         print(f"  {name:16s} rule kept {r['rule_kept']:.2f}  preferred {r['preferred']:.2f}")
     if args.out:
