@@ -44,8 +44,9 @@ NON_ANSWER: dict[str, tuple[str, ...]] = {
                              "Why are you repeating that? {asked}",
                              "That's just my own words again. Please answer it."),
     "too short": _NONSENSE, "loops": _NONSENSE, "empty": _NONSENSE,
-    SAYS_NOTHING: ("That doesn't really tell me anything. {asked}", "Can you be more specific? {asked}",
-                   "That's not much help, I still don't know what to do. {asked}"),
+    # Judged -1 by the classifier after 43, 44 and 44 of the 44 questions' `asked` lines.
+    SAYS_NOTHING: ("That doesn't really tell me anything. {asked}", "You didn't actually answer that. {asked}",
+                   "You haven't told me anything. {asked}"),
 }
 NAMES = ("Anna", "Ben", "Chloe", "David", "Elena", "Farid", "Grace", "Hugo", "Ines", "Jonas", "Kira", "Liam")
 
