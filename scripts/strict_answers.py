@@ -4,7 +4,7 @@
 
 A demo run keeps every held-out reply verbatim (`before` and `after`), so the check can be run
 again on them: for each run, before -> after, the share of replies that answer the question
-(`questions.non_answer`), the share that also say something the question did not
+(the users' verdict, `questions.non_answer`, as stored), the share that also say something the question did not
 (`questions.substantive`), and the headline (preferred and sane) beside the same headline with
 that check added. Numbers only: no model is loaded.
 """
@@ -19,12 +19,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from clawr1.demo.questions import non_answer, substantive
+from clawr1.demo.questions import substantive
 
 
 def rates(replies: list[dict[str, Any]]) -> dict[str, float]:
     n = len(replies)
-    answers = [non_answer(r["question"], r["text"]) is None for r in replies]
+    answers = [r["non_answer"] is None for r in replies]  # the user's verdict, as the run stored it
     strict = [a and substantive(r["question"], r["text"]) for a, r in zip(answers, replies)]
     kept = [r["preferred"] and bool(r["sane"]) for r in replies]
     return {"answered": sum(answers) / n, "substantive": sum(strict) / n, "preferred_and_sane": sum(kept) / n,

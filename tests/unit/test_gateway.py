@@ -62,7 +62,7 @@ def test_a_spliced_content_chunk_is_the_chunk_built_whole():
 
     texts = ["", " hello", 'a "quoted" \\ back\nslash', "é ✓ 🙂", "</script>", _MARK, "\x00\u2028"]
     for model in ["m", 'model "x"', f"a{_MARK}b", _MARK]:
-        chunks = Chunks("chatcmpl-1", model, 3)
+        chunks = Chunks("chatcmpl-1", model, 3, 1_700_000_000)
         for text in texts:
             assert chunks.content(text) == chunks.event({"content": text}), (model, text)
         assert json.loads(chunks.content("hi")[6:])["created"] == chunks.body({})["created"]  # one per stream

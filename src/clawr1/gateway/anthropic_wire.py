@@ -205,5 +205,6 @@ def event(name: str, body: dict[str, Any]) -> str:
     return f"event: {name}\ndata: " + json.dumps({"type": name, **body}, separators=(",", ":")) + "\n\n"
 
 
-text_delta = spliced(lambda text: event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": text}}))
+text_delta = spliced(lambda text: event("content_block_delta",
+                                        {"index": 0, "delta": {"type": "text_delta", "text": text}}))
 """The text block's `content_block_delta` event, the event of nearly every token."""

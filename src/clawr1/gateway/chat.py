@@ -3,7 +3,6 @@ wire format only: parsing into a `Job`, the reply body, the chunks; the rest is 
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,13 +21,14 @@ router = APIRouter()
 
 
 class Chunks:
-    """One stream's chunks. They share `created` (OpenAI: "each chunk has the same timestamp"), and
+    """One stream's chunks. They share `created`, the request's (`Job.created`; OpenAI: "each chunk
+    has the same timestamp"), and
     the chunk of nearly every token, a bare content delta, is the envelope rendered once with the
     delta's JSON string spliced in: 0.3 us a token instead of 4.7 for building and dumping the whole
     chunk."""
 
-    def __init__(self, cid: str, model: str, version: int):
-        self.cid, self.model, self.version, self.created = cid, model, version, int(time.time())
+    def __init__(self, cid: str, model: str, version: int, created: int):
+        self.cid, self.model, self.version, self.created = cid, model, version, created
         self.content = spliced(lambda text: self.event({"content": text}))
         """`event({"content": text})`, without building the chunk."""
 
@@ -64,7 +64,7 @@ class Chat(Wire):
     async def events(self, ex: Exchange) -> AsyncIterator[str]:
         """Role chunk, content deltas (tool-call markup held back), tool calls, finish, usage."""
         req = ex.job.req
-        chunks = Chunks(ex.job.reply_id, req.model, ex.streams[0].version)
+        chunks = Chunks(ex.job.reply_id, req.model, ex.streams[0].version, ex.job.created)
         tokenizer = ex.gw.engine.tokenizer
         sent = visible = ""  # content already streamed / sampled so far
         logprobs: list[dict[str, Any]] = []  # entries not yet sent (their text may be held back)

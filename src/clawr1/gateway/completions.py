@@ -4,7 +4,6 @@ Each prompt's choices are one turn of the session; `prompt_id` groups them (GRPO
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,10 +20,9 @@ from clawr1.gateway.streaming import spliced, sse
 router = APIRouter()
 
 
-def _body(ex: Exchange, version: int, choices: list[dict[str, Any]], created: int | None = None) -> dict[str, Any]:
-    """`created`: the stream's, in each of its chunks (as chat's)."""
-    return {"id": ex.job.reply_id, "object": "text_completion",
-            "created": int(time.time()) if created is None else created, "model": ex.job.req.model,
+def _body(ex: Exchange, version: int, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    """`created` is the request's (`Job.created`): the same in every chunk of a stream."""
+    return {"id": ex.job.reply_id, "object": "text_completion", "created": ex.job.created, "model": ex.job.req.model,
             "system_fingerprint": schema.fingerprint(version), "choices": choices}
 
 
@@ -51,10 +49,10 @@ class Completions(Wire):
         return body
 
     async def events(self, ex: Exchange) -> AsyncIterator[str]:
-        req, version, created = ex.job.req, ex.streams[0].version, int(time.time())
+        req, version = ex.job.req, ex.streams[0].version
         # The chunk of nearly every token, rendered once with the text spliced in (as chat's).
         text = spliced(lambda delta: sse(_body(ex, version, [{"index": 0, "text": delta, "logprobs": None,
-                                                               "finish_reason": None}], created)))
+                                                               "finish_reason": None}])))
         sent = visible = ""
         async for event in ex.tokens():
             if event is not None:
@@ -67,9 +65,9 @@ class Completions(Wire):
         # Text after a stop sequence was never streamed (the engine holds stop prefixes back).
         tail = gen.content[len(sent):] if len(gen.content) > len(sent) else ""
         yield sse(_body(ex, version, [schema.text_choice(0, gen, req, ex.gw.engine.tokenizer, tail,
-                                                         schema.text_finish(gen))], created))
+                                                         schema.text_finish(gen))]))
         if req.stream_options and req.stream_options.include_usage:
-            body = _body(ex, version, [], created)
+            body = _body(ex, version, [])
             body["usage"] = schema.usage(len(gen.prompt_ids), len(gen.token_ids))
             yield sse(body)
         yield "data: [DONE]\n\n"
