@@ -158,3 +158,46 @@ def test_a_restarted_engine_replica_loads_what_serves_not_a_rejected_candidate(t
         assert run(replica.ready())["policy"] == 1
     finally:
         run(replica.engine.close())
+
+
+def test_two_writers_of_control_never_tear_it_or_undo_each_other(tmp_path):
+    """The guard (a rollback), the dashboard and `clawr1 pin` each change one field of `CONTROL`:
+    a reader never sees a torn file, no writer fails, and neither change undoes the other."""
+    import threading
+    import time
+
+    errors: list[str] = []
+    last = {"pin": 0, "rollback": 0}
+    stop = threading.Event()
+
+    def write(kind: str) -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            try:
+                if kind == "pin":
+                    store.set_control(tmp_path, "policy", pinned=i)
+                else:
+                    store.set_control(tmp_path, "policy", rollback={"to": 1, "id": f"r{i}"})
+                last[kind] = i
+            except Exception as exc:  # what a torn write raised before temporary files were per writer
+                errors.append(f"{kind}: {exc!r}")
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                store.control(tmp_path, "policy")
+            except Exception as exc:
+                errors.append(f"read: {exc!r}")
+
+    threads = [threading.Thread(target=write, args=("pin",)), threading.Thread(target=write, args=("rollback",)),
+               threading.Thread(target=read)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.5)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert last["pin"] > 10 and last["rollback"] > 10
+    assert store.control(tmp_path, "policy") == {"pinned": last["pin"], "rollback": {"to": 1, "id": f"r{last['rollback']}"}}

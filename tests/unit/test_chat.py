@@ -122,3 +122,16 @@ def test_a_shared_tokenizer_has_no_padding_or_truncation_for_an_encode_to_clear(
     tokenizer = load_tokenizer(model)
     assert tokenizer.backend_tokenizer.truncation is None and tokenizer.backend_tokenizer.padding is None
     assert len(tokenizer("one two three four five six seven", add_special_tokens=False)["input_ids"]) == 7
+
+
+def test_json_nested_deeper_than_the_parser_goes_is_kept_as_text_not_an_error():
+    """A client's tool-call arguments, or a model's tool call, nested past Python's recursion limit:
+    kept as the text it is (as malformed JSON is), never a RecursionError (a 500 mid-request)."""
+    from clawr1.core.messages import arguments_value
+    from clawr1.engine.chat import ChatFormat
+
+    deep = "[" * 5000 + "]" * 5000
+    assert arguments_value(deep) == deep
+    reply = '<tool_call>{"name": "f", "arguments": ' + deep + "}</tool_call>"
+    parsed = ChatFormat.parse(reply)
+    assert parsed.content == reply and not parsed.tool_calls

@@ -157,6 +157,61 @@ def test_closing_a_session_decides_its_last_turn(pool):
         pool.close_session("A", outcome_reward=2.0)
 
 
+def test_every_choice_of_a_turn_gets_the_next_turn_in_any_order(pool):
+    """n > 1: a reply's choices (`<id>-0`, `<id>-1`) share a turn index; each one's next state is
+    the next turn, whether it comes in a later commit, an earlier one or the same one."""
+    orders = {"in order": [["a-0", "a-1"], ["b-0"]], "next turn first": [["b-0"], ["a-0", "a-1"]],
+              "one batch": [["a-0", "a-1", "b-0"]], "one choice late": [["a-0"], ["b-0"], ["a-1"]]}
+    for n, (name, commits) in enumerate(orders.items()):
+        session = f"n{n}"
+        for ids in commits:
+            pool.append_steps([make_step(f"{session}{i}", session, 0 if i.startswith("a") else 1) for i in ids])
+        links = {s["step_id"]: s["next_step_id"] for s in pool.show(session)["steps"]}
+        assert links == {f"{session}a-0": f"{session}b-0", f"{session}a-1": f"{session}b-0", f"{session}b-0": None}, name
+        assert {f"{session}a-0", f"{session}a-1"} <= set(pool.unjudged()), name
+
+
+def test_closing_a_session_decides_every_choice_of_its_last_turn(pool):
+    pool.append_steps([make_step("x0", "X", 0), make_step("x1-0", "X", 1), make_step("x1-1", "X", 1),
+                       make_step("y0-0", "Y", 0), make_step("y0-1", "Y", 0)])
+    pool.close_session("X", outcome_reward=1.0)
+    pool.close_session("Y", reason="idle")
+    assert [(pool.show(s)["sample"]["status"], pool.show(s)["sample"]["reward"]) for s in ("x1-0", "x1-1")] == [
+        ("ready", 1.0), ("ready", 1.0)]
+    assert [(pool.show(s)["sample"]["status"], pool.show(s)["sample"]["reason"]) for s in ("y0-0", "y0-1")] == [
+        ("dropped", "masked"), ("dropped", "masked")]
+    assert pool.stats()["pending"] == 1  # x0, waiting for the judge
+
+
+def test_a_masked_turn_waits_for_the_judge_again_when_its_session_goes_on(pool):
+    """The idle close masks the last turn (no next state); the user comes back: the session reopens,
+    the turn has its next state and the judge gets it."""
+    pool.append_steps([make_step("a0", turn=0), make_step("a1", turn=1)])
+    pool.close_session("s1", reason="idle")
+    assert pool.show("a1")["sample"]["status"] == "dropped"
+    pool.append_step(make_step("a2", turn=2))
+    assert (pool.show("a1")["sample"]["status"], pool.show("a1")["sample"]["reason"]) == ("pending", None)
+    assert set(pool.unjudged()) == {"a0", "a1"}
+    assert pool.get_steps(["a1"])[0].next_state == [{"role": "user", "content": "question 2"}]
+
+
+def test_a_correction_without_a_score_is_a_distillation_sample(pool):
+    """Feedback that corrects (a hint) with score 0 or no score makes the turn trainable, as the
+    judge's hinted zero does, even the last turn of a session that closes (or closed) without one."""
+    pool.append_steps([make_step("f0", "F", 0), make_step("f1", "F", 1), make_step("c0", "C", 0),
+                       make_step("m0", "M", 0)])
+    pool.add_feedback(session_id="F", turn_index=0, score=0.0, correction="be concise")
+    pool.add_feedback(session_id="C", correction="Do not use bold text.")
+    pool.close_session("C", reason="idle")
+    pool.close_session("M", reason="idle")
+    pool.add_feedback(session_id="M", correction="Answer the question first.")
+    for step_id, reward in (("f0", 0.0), ("c0", None), ("m0", None)):
+        sample = pool.show(step_id)["sample"]
+        assert (sample["status"], sample["reward"], sample["reason"]) == ("ready", reward, None), step_id
+        assert pool.show(step_id)["hints"], step_id
+    assert "f0" not in pool.unjudged()  # the person's word stands; the judge does not override it
+
+
 def test_stats_and_sessions_count_everything(pool):
     pool.append_steps([make_step(f"s{i}-{t}", f"s{i}", t) for i in range(3) for t in range(2)])
     pool.append_step(make_step("side", "s0", 2, turn_type="side"))

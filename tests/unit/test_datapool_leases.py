@@ -159,3 +159,18 @@ def test_hold_out_takes_each_sessions_earliest_untrained_turn_one_session_each(o
         assert rest[0] == ({"a", "b", "c"} - {i[0] for i in first}).pop() + "-t0" and rest[1].endswith("-t1")
         assert all(pool.show(i)["sample"]["reason"] == "probe" for i in first + rest)
         assert not set(pool.lease(10).step_ids) & set(first + rest)  # held out: never trained on
+
+
+def test_feedback_given_while_a_lease_runs_applies_when_the_lease_expires(open_pool, pool_later):
+    """A reward that comes while a sample is leased is history only (that batch trains on what it
+    leased); if the lease expires, nothing was trained, so the reward that should stand applies: a
+    person's feedback over the judge, and a later judge opinion never over the feedback."""
+    with open_pool(lease_seconds=60) as pool:
+        judged, untouched = ready_steps(pool, 2)
+        crashed = pool.lease(2)
+        pool.add_reward(Reward(step_id=judged, score=-1.0, source="feedback"))
+        pool.add_reward(Reward(step_id=judged, score=1.0, source="judge"))  # outranked by the feedback
+        assert {s.step_id: s.reward for s in crashed.samples} == {judged: 1.0, untouched: 1.0}
+        pool_later(61)
+        assert pool.expire_leases() == 2
+        assert {s.step_id: s.reward for s in pool.lease(2).samples} == {judged: -1.0, untouched: 1.0}

@@ -52,6 +52,11 @@ HOSTILE: list[tuple[str, str, bytes]] = [
     ("a tool schema holds Infinity", CHAT, chat_body(tools=[{"type": "function", "function": {
         "name": "f", "parameters": {"type": "object"}}}]).replace(b'"object"', b"Infinity")),
     ("seed is 2^70", CHAT, chat_body(seed=2**70)),
+    # Beyond a double's range: Python reads it as inf, which no reply or stored step can carry.
+    ("a tool schema holds 1e400", CHAT, chat_body(tools=[{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object"}}}]).replace(b'"object"', b"1e400")),
+    ("a responses tool holds -1e400", "/v1/responses", b'{"model": "m", "input": "hi", "tools": [{"type": '
+     b'"function", "name": "f", "parameters": {"type": "object", "x": -1e400}}]}'),
     ("tool_choice is junk", CHAT, chat_body(tool_choice={"x": [1, 2]})),
     ("lone surrogate", CHAT, chat_body().replace(b'"hi"', b'"hi \\ud800 there"')),
     ("invalid UTF-8", CHAT, chat_body().replace(b'"hi"', b'"hi \xff\xfe"')),
@@ -115,6 +120,19 @@ def test_hostile_bodies_get_4xx_in_the_routes_shape_and_the_connection_survives(
         assert client.get("/healthz").status_code == 200
         assert len(steps_of(pool, served)) == served  # exactly the valid requests' steps
         assert pool.stats()["steps"] == served
+
+
+def test_a_request_larger_than_the_gateway_ever_admits_is_a_400_not_a_429(scripted, tmp_path):
+    """prompts x n beyond `gateway.max_pending` can never run: a 429 ("retry shortly") would have
+    SDKs retry it forever on an idle gateway."""
+    with live_gateway(scripted, tmp_path, "gateway.max_pending=4") as (base, pool), \
+            httpx.Client(base_url=base, timeout=30) as client:
+        too_many = client.post("/v1/completions", json={"model": "m", "prompt": ["a", "b", "c"], "n": 2, "max_tokens": 2})
+        assert too_many.status_code == 400, too_many.text
+        assert too_many.json()["error"]["code"] == "invalid_value" and "max_pending" in too_many.json()["error"]["message"]
+        fits = client.post("/v1/completions", json={"model": "m", "prompt": ["a", "b"], "n": 2, "max_tokens": 2})
+        assert fits.status_code == 200, fits.text
+        assert len(steps_of(pool, 4)) == 4
 
 
 def test_malformed_requests_cannot_lock_the_gateway(scripted, tmp_path):
@@ -288,3 +306,4 @@ def test_a_fault_while_recording_or_settling_frees_the_slot_and_stays_in_the_gat
             last = [line for line in response.text.splitlines() if line.startswith("data: ")][-1]
             assert openai_shaped(json.loads(last[6:])), response.text
         assert wait_for(lambda: inflight(client) == 0, what="inflight back to 0 after a half-done _submit")
+

@@ -325,3 +325,31 @@ def test_a_restart_applies_a_rollback_asked_while_down_and_serves_what_loads(fre
                 (1, "rejected"), (3, "promoted")]
     finally:
         run(restarted.close())
+
+
+def test_a_poll_that_fails_does_not_end_the_guard(tmp_path, caplog):
+    """One poll that raises something other than an engine error (here a `CONTROL` that is not JSON)
+    is logged and the next poll runs: an ended guard would serve its version with no swap, rollback
+    or pin until a restart."""
+    import asyncio
+    import types
+
+    from clawr1.core.config import Config
+    from clawr1.guard import Guard
+
+    config = Config(data_dir=str(tmp_path))
+    config.gateway.adapter_poll_s = 0.02
+    gw = types.SimpleNamespace(config=config, per_tenant=False, engine=types.SimpleNamespace(adapters=dict),
+                               pool=None, swaps=[])
+    (tmp_path / "adapters" / "policy").mkdir(parents=True)
+    (tmp_path / "adapters" / "policy" / "CONTROL").write_text("{")
+
+    async def poll_a_while() -> bool:
+        guard = asyncio.ensure_future(Guard(gw).run())
+        await asyncio.sleep(0.3)
+        alive = not guard.done()
+        guard.cancel()
+        return alive
+
+    assert asyncio.run(poll_a_while())
+    assert sum("this poll failed" in r.getMessage() for r in caplog.records) >= 3  # each poll, again

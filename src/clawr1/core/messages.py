@@ -30,7 +30,7 @@ def arguments_value(arguments: Any) -> Any:
     if isinstance(arguments, str):
         try:
             return json.loads(arguments)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # not JSON we can read (or nested too deep to): as sent
             return arguments
     return arguments
 

@@ -34,8 +34,13 @@ ON CONFLICT (tenant, session_id) DO UPDATE SET status = 'open', closed_at = NULL
 CASE WHEN excluded.updated_at > sessions.updated_at THEN excluded.updated_at ELSE sessions.updated_at END"""
 _INSERT_SAMPLES = """INSERT INTO samples (step_id, tenant, session_id, turn_index, policy_version, next_step_id,
 updated_at, shard_key, status, weight) VALUES {rows}"""
+# A turn masked when its session closed without a next state (`close_session`) has one now that the
+# session goes on: it waits for the judge again.
 _RELINK = """WITH v(next_step_id, step_id) AS (VALUES {rows})
-UPDATE samples SET next_step_id = v.next_step_id FROM v WHERE samples.step_id = v.step_id"""
+UPDATE samples SET next_step_id = v.next_step_id,
+status = CASE WHEN status = 'dropped' AND reason = 'masked' THEN 'pending' ELSE status END,
+reason = CASE WHEN status = 'dropped' AND reason = 'masked' THEN NULL ELSE reason END
+FROM v WHERE samples.step_id = v.step_id"""
 # The stored main turns of a session that can neighbour new ones with turns lo..hi: those in that
 # range, and every one at the nearest turn index on each side of it. As one JSON row: each row
 # fetched is a GIL round trip, and one costs up to a switch interval (5 ms) while callers encode.
@@ -87,7 +92,8 @@ def _link(conn: sqlite3.Connection, main: list[tuple]) -> tuple[dict[str, str | 
 
     Returns each new turn's next main turn (the lowest turn index above its own, the lowest step id
     among equals), and the (next_step_id, step_id) updates of stored turns that are the nearest
-    main turn below a new one (highest turn index, then step id) and now have a nearer next turn.
+    main turn below a new one (every step of the highest turn index below it: each choice of an
+    n > 1 request) and now have a nearer next turn.
     """
     sessions: dict[tuple[str, str], list[tuple]] = {}
     for step_id, tenant, session_id, turn, *_ in main:
@@ -100,7 +106,7 @@ def _link(conn: sqlite3.Connection, main: list[tuple]) -> tuple[dict[str, str | 
     for turns in sessions.values():
         turns.sort()
         # From the highest turn down: `following` is the first step of the next higher turn index,
-        # `above_new` whether that turn has a new step (then this turn's last step precedes it).
+        # `above_new` whether that turn has a new step (then each step of this turn precedes it).
         following, above_new, turn_new = None, False, False
         for i in range(len(turns) - 1, -1, -1):
             turn, step_id, new, next_id = turns[i]
@@ -109,7 +115,7 @@ def _link(conn: sqlite3.Connection, main: list[tuple]) -> tuple[dict[str, str | 
                 following, above_new, turn_new = turns[i + 1][1], turn_new, False
             if new:
                 links[step_id] = following
-            elif last_of_turn and above_new and next_id != following:
+            elif above_new and next_id != following:
                 updates.append((following, step_id))
             turn_new = turn_new or new
     return links, updates
@@ -178,19 +184,41 @@ def add_reward(conn: sqlite3.Connection, reward: Reward) -> None:
     _require_step(conn, reward.step_id)
     conn.execute("INSERT INTO rewards (step_id, score, source, votes, evidence, created_at) VALUES (?, ?, ?, ?, ?, ?)",
                  (reward.step_id, reward.score, reward.source, dumps(reward.votes), reward.evidence, reward.created_at))
-    # The latest reward wins while the sample waits; once leased or later, it is history only.
+    # The latest reward wins while the sample waits; once leased or later, it is history only
+    # (until an expired lease hands the sample back: `expire_leases`).
     if _outranked(conn, reward):
         return
-    now = clock()
-    if reward.score != 0:
-        conn.execute("UPDATE samples SET reward = ?, updated_at = ?, status = 'ready', "
-                     "ready_at = CASE WHEN status = 'ready' THEN ready_at ELSE ? END "  # keeps its place in line
-                     "WHERE step_id = ? AND status IN ('pending', 'ready')", (reward.score, now, now, reward.step_id))
-    else:
-        conn.execute("UPDATE samples SET reward = 0, updated_at = ?, status = 'pending', ready_at = NULL "
-                     "WHERE step_id = ? AND status IN ('pending', 'ready')", (now, reward.step_id))
+    _apply(conn, reward.step_id, reward.score)
     if reward.source not in _OUTRANKED_BY:
         _mix_if_closed(conn, reward)
+
+
+def _apply(conn: sqlite3.Connection, step_id: str, score: float) -> None:
+    """Make `score` a waiting sample's reward: non-zero is trainable (ready, keeping its place in
+    line); zero is not, unless a hint makes it a distillation sample."""
+    now = clock()
+    if score != 0:
+        conn.execute("UPDATE samples SET reward = ?, updated_at = ?, status = 'ready', "
+                     "ready_at = CASE WHEN status = 'ready' THEN ready_at ELSE ? END "  # keeps its place in line
+                     "WHERE step_id = ? AND status IN ('pending', 'ready')", (score, now, now, step_id))
+    else:
+        conn.execute("UPDATE samples SET reward = 0, updated_at = ?, "
+                     "status = CASE WHEN EXISTS (SELECT 1 FROM hints h WHERE h.step_id = samples.step_id) "
+                     "THEN 'ready' ELSE 'pending' END, "
+                     "ready_at = CASE WHEN EXISTS (SELECT 1 FROM hints h WHERE h.step_id = samples.step_id) "
+                     "THEN coalesce(ready_at, ?) END "
+                     "WHERE step_id = ? AND status IN ('pending', 'ready')", (now, now, step_id))
+
+
+def _effective_score(conn: sqlite3.Connection, step_id: str) -> float | None:
+    """The reward `add_reward` would have left on a waiting sample, from its rewards in the order
+    they came: the latest one that nothing before it outranked."""
+    score, seen = None, set()
+    for value, source in conn.execute("SELECT score, source FROM rewards WHERE step_id = ? ORDER BY id", (step_id,)):
+        if not seen.intersection(_OUTRANKED_BY.get(source, _JUDGE_OUTRANKED_BY)):
+            score = value
+        seen.add(source)
+    return score
 
 
 def _stepwise(step_id: str, judge: float, judge_source: str, outcome: float, weight: float) -> Reward:
@@ -260,11 +288,15 @@ def add_judgement(conn: sqlite3.Connection, reward: Reward, hint: Hint | None) -
             mark_ready(conn, reward.step_id)
 
 
-def mark_ready(conn: sqlite3.Connection, step_id: str) -> bool:
+def mark_ready(conn: sqlite3.Connection, step_id: str, unmask: bool = False) -> bool:
+    """A waiting sample becomes trainable; `unmask`: one masked at its session's close too (a
+    correction for the last turn gives it what the mask said it lacked)."""
     _require_step(conn, step_id)
     now = clock()
-    return conn.execute("UPDATE samples SET status = 'ready', ready_at = ?, updated_at = ? "
-                        "WHERE step_id = ? AND status = 'pending'", (now, now, step_id)).rowcount == 1
+    masked = " OR (status = 'dropped' AND reason = 'masked')" if unmask else ""
+    return conn.execute("UPDATE samples SET status = 'ready', ready_at = ?, updated_at = ?, "
+                        "reason = CASE WHEN status = 'dropped' THEN NULL ELSE reason END "
+                        f"WHERE step_id = ? AND (status = 'pending'{masked})", (now, now, step_id)).rowcount == 1
 
 
 def judge_failed(conn: sqlite3.Connection, step_id: str, error: str, max_attempts: int, retry_s: float) -> bool:
@@ -303,19 +335,25 @@ def close_session(conn: sqlite3.Connection, tenant: str, session_id: str, outcom
     if outcome is not None:
         data["step_weight"] = step_weight  # a judge score arriving later mixes with the same weight
     _insert_event(conn, SessionEvent(session_id, "close", tenant, data, now))
-    last = conn.execute("SELECT step_id, turn_index FROM samples WHERE tenant = ? AND session_id = ? "  # main turns
-                        "ORDER BY turn_index DESC LIMIT 1", key).fetchone()
-    if last is None:
+    # The last main turn: every step at its index (each choice of an n > 1 request).
+    last = conn.execute("SELECT step_id, turn_index FROM samples WHERE tenant = ? AND session_id = ? AND turn_index = "
+                        "(SELECT max(turn_index) FROM samples WHERE tenant = ? AND session_id = ?) ORDER BY step_id",
+                        (*key, *key)).fetchall()
+    if not last:
         return True
     if outcome is not None:
-        add_reward(conn, Reward(step_id=last[0], score=outcome, source="outcome", evidence=f"session {reason}"))
+        for step_id, _ in last:
+            add_reward(conn, Reward(step_id=step_id, score=outcome, source="outcome", evidence=f"session {reason}"))
         if step_weight > 0:
-            _mix_on_close(conn, tenant, session_id, last[1], outcome, step_weight)
-    elif conn.execute("UPDATE samples SET status = 'dropped', reason = 'masked', updated_at = ? "
-                      "WHERE step_id = ? AND status = 'pending' AND reward IS NULL", (now, last[0])).rowcount:
-        # The last turn has no next state to judge it by and no outcome: mask it, say so.
-        why = {"step_id": last[0], "why": "no next state, no outcome"}
-        _insert_event(conn, SessionEvent(session_id, "mask", tenant, why, now))
+            _mix_on_close(conn, tenant, session_id, last[0][1], outcome, step_weight)
+        return True
+    for step_id, _ in last:
+        if conn.execute("UPDATE samples SET status = 'dropped', reason = 'masked', updated_at = ? "
+                        "WHERE step_id = ? AND status = 'pending' AND reward IS NULL", (now, step_id)).rowcount:
+            # No next state to judge it by and no outcome: mask it, say so (a step that comes
+            # later in this session unmasks it: `_RELINK`).
+            why = {"step_id": step_id, "why": "no next state, no outcome"}
+            _insert_event(conn, SessionEvent(session_id, "mask", tenant, why, now))
     return True
 
 
@@ -379,6 +417,8 @@ def add_feedback(conn: sqlite3.Connection, tenant: str, session_id: str | None, 
                                     created_at=now))
         if correction:
             add_hint(conn, Hint(step_id=step_id, text=correction, source="feedback", created_at=now))
+            if not score:  # no reward (or zero), but a correction: a distillation sample, as the judge's
+                mark_ready(conn, step_id, unmask=True)
     return step_ids
 
 
@@ -386,9 +426,17 @@ def expire_leases(conn: sqlite3.Connection, now: float) -> int:
     """Expired leases' samples go back to READY; they keep the lease id so a late ack still
     consumes the ones nobody leased again."""
     expired = "SELECT lease_id FROM leases WHERE state = 'open' AND expires_at <= ?1"
+    back = [tuple(row) for row in conn.execute(f"SELECT step_id, reward FROM samples WHERE status = 'leased' "
+                                               f"AND lease_id IN ({expired})", (now,))]
     returned = conn.execute("UPDATE samples SET status = 'ready', updated_at = ?1 "
                             f"WHERE status = 'leased' AND lease_id IN ({expired})", (now,)).rowcount
     conn.execute(f"UPDATE leases SET state = 'expired', closed_at = ?1 WHERE lease_id IN ({expired})", (now,))
+    # A reward that came while the sample was leased was kept as history only; nothing was trained
+    # on it after all, so the one that should stand (a person's feedback over the judge) applies now.
+    for step_id, reward in back:
+        score = _effective_score(conn, step_id)
+        if score is not None and score != reward:
+            _apply(conn, step_id, score)
     return returned
 
 

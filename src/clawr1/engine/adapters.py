@@ -19,10 +19,12 @@ Every JSON file is written to a temporary name, synced and renamed: a reader see
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -119,8 +121,10 @@ def publish_remote(root: Path, name: str, version: int, remote: dict[str, Any], 
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Replace `path` atomically: a temporary file, synced, renamed, then the directory synced."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    """Replace `path` atomically: a temporary file, synced, renamed, then the directory synced.
+    The temporary file is this writer's own (process and thread): two writers of one file (the
+    guard, the dashboard, `clawr1 pin`) must never write into, or rename, each other's."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(data))
     _fsync(tmp)
     tmp.replace(path)
@@ -179,9 +183,15 @@ def to_serve(root: Path, name: str) -> int:
 
 
 def set_control(root: Path, name: str, **changes: Any) -> dict[str, Any]:
-    (Path(root) / name).mkdir(parents=True, exist_ok=True)
-    current = {**control(root, name), **changes}
-    write_json(Path(root) / name / CONTROL, current)
+    """Change some of the controls and keep the others. Read, merged and replaced under an
+    exclusive lock on the adapter's folder: the guard (a rollback), the dashboard and `clawr1 pin`
+    / `rollback` (other processes) may each change a field at once, and none may undo another's."""
+    folder = Path(root) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".CONTROL.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        current = {**control(root, name), **changes}
+        write_json(folder / CONTROL, current)
     return current
 
 

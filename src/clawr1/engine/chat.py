@@ -87,7 +87,7 @@ class ChatFormat:
         for match in TOOL_CALL_RE.finditer(text):
             try:
                 body = json.loads(match.group(1))
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):  # a model can nest deeper than the parser goes
                 return ParsedCompletion(content=text)
             if not isinstance(body, dict) or not isinstance(body.get("name"), str) or not body["name"]:
                 return ParsedCompletion(content=text)

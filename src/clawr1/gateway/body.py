@@ -15,6 +15,7 @@ objects, and what JSON parsers accept but nothing downstream can store is refuse
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -31,6 +32,15 @@ _SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 def _refuse_constant(name: str) -> float:
     raise ValueError(f"{name} is not valid JSON (numbers must be finite)")
+
+
+def _finite_float(text: str) -> float:
+    """A JSON number as a float; one beyond a double's range (`1e400`) would silently be `inf`,
+    which no reply, SSE event or stored step can carry as JSON."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is out of range (numbers must be finite)")
+    return value
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:
@@ -86,7 +96,7 @@ def parse_json(raw: bytes, max_depth: int) -> Any:
         raise APIError(400, f"request body is not valid UTF-8: {exc.reason} at byte {exc.start}",
                        code="invalid_json") from exc
     try:
-        value = json.loads(text, parse_constant=_refuse_constant)
+        value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except ValueError as exc:  # JSONDecodeError, and the constants refused above
         raise APIError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
     if ("\\ud" in text or "\\uD" in text) and _has_surrogate(value):

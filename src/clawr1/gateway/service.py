@@ -84,6 +84,10 @@ class Admission:
             self._start_probe(error)
             raise APIError(503, f"the data pool cannot store new steps ({error}); nothing was run, retry shortly",
                            code="pool_unavailable")
+        if steps > min(self.max_pending, self.queue_room):  # could never be admitted: retrying cannot help
+            raise APIError(400, f"this request makes {steps} generations (prompts x n); the gateway admits at most "
+                                f"{min(self.max_pending, self.queue_room)} at once (gateway.max_pending, "
+                                "pool.writer_queue)", param="n", code="invalid_value")
         if self.inflight + steps > self.max_pending:
             raise APIError(429, f"{self.inflight} requests are being served or recorded; retry shortly",
                            code="rate_limit_exceeded")
@@ -343,7 +347,7 @@ class Gateway:
             if served is not None and served != failed:
                 try:
                     await self._follow(served)
-                except EngineError as exc:  # tried again once the leader serves something else
+                except (EngineError, OSError) as exc:  # tried again once the leader serves something else
                     failed = served
                     log.error("could not serve what the leader serves (%s): %s", served, exc)
             await asyncio.sleep(self.config.gateway.adapter_poll_s / 2)
@@ -383,7 +387,7 @@ class Gateway:
             started = time.perf_counter()
             try:
                 await self.engine.load_weights(newest[1])
-            except EngineError as exc:
+            except (EngineError, OSError) as exc:  # OSError: retired (deleted) while it loaded
                 skipped.add(newest[0])
                 log.error("weights v%d at %s were not loaded: %s", newest[0], newest[1], exc)
                 continue

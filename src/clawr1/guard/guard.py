@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,14 +75,22 @@ class Guard:
     # ---- the loop ------------------------------------------------------------------------
     async def run(self) -> None:
         for name in await asyncio.to_thread(self._names):
-            await self._restore(self._line(name))
+            await self._survive(name, self._restore(self._line(name)))
         while True:
             await asyncio.sleep(self.gw.config.gateway.adapter_poll_s)
             for name in await asyncio.to_thread(self._names):
-                try:
-                    await self.step(self._line(name))
-                except EngineError as exc:  # a version that does not load must not end the guard
-                    log.error("guard: %s: %s", name, exc)
+                await self._survive(name, self.step(self._line(name)))
+
+    @staticmethod
+    async def _survive(name: str, work: Awaitable[None]) -> None:
+        """Run one restore or poll; what fails is logged and the next poll tries again. Ended, the
+        guard would leave serving on its version with no swap, rollback or pin until a restart."""
+        try:
+            await work
+        except EngineError as exc:  # a version that does not load
+            log.error("guard: %s: %s", name, exc)
+        except Exception:  # anything else (a file gone mid-read): with its traceback
+            log.exception("guard: %s: this poll failed; the next one tries again", name)
 
     async def step(self, line: Line) -> None:
         """One poll: two small file reads (`CONTROL`, `LATEST`) unless something changed."""
