@@ -220,3 +220,33 @@ def test_session_page_shows_a_turn_the_judge_gave_up_on_and_why(tmp_path):
         assert "judge gave up after 3 failed attempts" in html and "RuntimeError: judge &lt;down&gt; (2)" in html
         flaky = views.session_page(data.session(gw, "flaky", None), "note")
         assert "judging failed 1 time, retrying; last error: TimeoutError: slow judge" in flaky
+
+
+def test_a_web_page_in_a_real_browser_cannot_pin_or_post_feedback_on_an_open_gateway(engine, tmp_path):
+    """A gateway with no keys, a page from elsewhere in Chromium: its auto-submitted form (pin v0)
+    and its no-preflight `text/plain` feedback reach the gateway and are refused (403); the pin
+    stays unset. (The dashboard's own forms, same-origin, sign in above.)"""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (a test dependency)")
+    if not __import__("os").path.exists(CHROMIUM):
+        pytest.skip(f"no {CHROMIUM}: install Debian's chromium (bash scripts/install.sh --test does)")
+    from clawr1.engine import adapters as store
+
+    with live_gateway(engine, tmp_path) as (base, _):
+        statuses: dict[str, int] = {}
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--disable-gpu", "--no-first-run"])
+            try:
+                page = browser.new_page()
+                page.on("response", lambda r: statuses.setdefault(r.url.split(base, 1)[-1], r.status))
+                page.set_content(f"""<form id=f method=post action="{base}/dashboard/versions">
+                    <input name=action value=pin><input name=version value=0></form>""")
+                page.evaluate(f"""fetch("{base}/v1/feedback", {{method: "POST", mode: "no-cors",
+                    headers: {{"Content-Type": "text/plain"}}, body: '{{"session_id": "x", "reward": -1}}'}})""")
+                with page.expect_navigation():
+                    page.evaluate("document.getElementById('f').submit()")
+                page.wait_for_timeout(300)
+            finally:
+                browser.close()
+        assert statuses.get("/dashboard/versions") == 403, statuses
+        assert store.control(tmp_path / "adapters", "policy")["pinned"] is None
+        assert httpx.get(f"{base}/dashboard").status_code == 200  # a program on this machine: still open

@@ -161,16 +161,16 @@ def test_unknown_route_and_models(server):
 def test_api_keys_are_required_when_configured(engine, tmp_path):
     from fastapi.testclient import TestClient
 
-    config = load_config(None, [f'data_dir="{tmp_path}"', 'gateway.api_keys=["sk-good"]'])
+    config = load_config(None, [f'data_dir="{tmp_path}"', 'gateway.api_keys=["sk-good-key"]'])
     pool = SQLitePool(tmp_path, config.pool)
     try:
         with TestClient(create_app(engine, pool, config)) as http:
             body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-            for headers in ({}, {"Authorization": "Bearer sk-bad"}, {"Authorization": "sk-good"}):
+            for headers in ({}, {"Authorization": "Bearer sk-bad"}, {"Authorization": "sk-good-key"}):
                 response = http.post("/v1/chat/completions", json=body, headers=headers)
                 assert response.status_code == 401
                 assert response.json()["error"]["code"] == "invalid_api_key"
-            assert http.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-good"}).status_code == 200
+            assert http.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-good-key"}).status_code == 200
         assert pool.stats()["steps"] <= 1
     finally:
         pool.close()
@@ -182,7 +182,7 @@ def test_refuses_to_expose_without_keys(tmp_path):
     with pytest.raises(ValueError, match="without API keys"):
         check_exposure(load_config(None, ['gateway.host="0.0.0.0"']))
     assert "loopback" in check_exposure(load_config(None, []))
-    assert "1 API key" in check_exposure(load_config(None, ['gateway.host="0.0.0.0"', 'gateway.api_keys=["k"]']))
+    assert "1 API key" in check_exposure(load_config(None, ['gateway.host="0.0.0.0"', 'gateway.api_keys=["agent-key-1"]']))
 
 
 def test_streamed_logprobs_cover_every_sampled_token(server):

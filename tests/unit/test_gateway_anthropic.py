@@ -206,13 +206,13 @@ def test_bad_requests_get_anthropic_errors_and_store_nothing(server, body, fragm
 
 
 def test_x_api_key_and_bearer_are_accepted_and_checked(engine, tmp_path):
-    with live_gateway(engine, tmp_path, 'gateway.api_keys=["sk-good"]') as (base, pool):
+    with live_gateway(engine, tmp_path, 'gateway.api_keys=["sk-good-key"]') as (base, pool):
         ask = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
         with pytest.raises(sdk().AuthenticationError) as refused:
             client(base, "sk-bad").messages.create(**ask)
         assert refused.value.body["error"]["type"] == "authentication_error"
-        client(base, "sk-good").messages.create(**ask)  # x-api-key
-        sdk().Anthropic(base_url=base, auth_token="sk-good", max_retries=0).messages.create(**ask)  # Bearer
+        client(base, "sk-good-key").messages.create(**ask)  # x-api-key
+        sdk().Anthropic(base_url=base, auth_token="sk-good-key", max_retries=0).messages.create(**ask)  # Bearer
         assert len(steps_of(pool, 2)) == 2
 
 

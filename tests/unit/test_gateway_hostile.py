@@ -55,8 +55,9 @@ HOSTILE: list[tuple[str, str, bytes]] = [
     # Beyond a double's range: Python reads it as inf, which no reply or stored step can carry.
     ("a tool schema holds 1e400", CHAT, chat_body(tools=[{"type": "function", "function": {
         "name": "f", "parameters": {"type": "object"}}}]).replace(b'"object"', b"1e400")),
-    ("a responses tool holds -1e400", "/v1/responses", b'{"model": "m", "input": "hi", "tools": [{"type": '
-     b'"function", "name": "f", "parameters": {"type": "object", "x": -1e400}}]}'),
+    ("a responses tool holds -1e400", "/v1/responses", (b'{"model": "m", "input": "hi", "tools": [{"type": '
+                                                        b'"function", "name": "f", "parameters": {"type": "object", '
+                                                        b'"x": -1e400}}]}')),
     ("tool_choice is junk", CHAT, chat_body(tool_choice={"x": [1, 2]})),
     ("lone surrogate", CHAT, chat_body().replace(b'"hi"', b'"hi \\ud800 there"')),
     ("invalid UTF-8", CHAT, chat_body().replace(b'"hi"', b'"hi \xff\xfe"')),

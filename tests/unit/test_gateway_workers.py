@@ -227,7 +227,7 @@ clawr1_pool_ready_samples 7
 
 
 @contextlib.contextmanager
-def front_over(tmp_path, workers: int = 2, max_body: int = 8 * 1024 * 1024):
+def front_over(tmp_path, workers: int = 2, max_body: int = 8 * 1024 * 1024, refuse_pages: bool = False):
     """A `Front` serving on a free port in a thread of its own, over `workers` echo apps (None for
     one that is down); yields its base URL."""
     import socket
@@ -250,7 +250,7 @@ def front_over(tmp_path, workers: int = 2, max_body: int = 8 * 1024 * 1024):
             async def go():
                 nonlocal stop, loop
                 stop, loop = asyncio.Event(), asyncio.get_running_loop()
-                await serve(Front(sockets, max_body, 64, "k"), listener, tmp_path / "ready", None, 30, stop)
+                await serve(Front(sockets, max_body, 64, "k", refuse_pages), listener, tmp_path / "ready", None, 30, stop)
 
             asyncio.run(go())
             done.set()
@@ -266,6 +266,21 @@ def front_over(tmp_path, workers: int = 2, max_body: int = 8 * 1024 * 1024):
         finally:
             loop.call_soon_threadsafe(stop.set)
             done.wait(30)
+
+
+def test_the_front_of_a_gateway_with_no_keys_refuses_web_pages(tmp_path):
+    """Behind a front the workers see only the front; it faces the browsers, so it refuses what a
+    lone open gateway refuses (`browsers.refusal`), in the route's error shape."""
+    import httpx
+
+    with front_over(tmp_path, refuse_pages=True) as (base, _):
+        assert httpx.post(f"{base}/v1/chat/completions", json={}).json()["worker"] in (0, 1)
+        cross = httpx.post(f"{base}/v1/feedback", content=b"{}", headers={"Origin": "https://evil.example"})
+        assert cross.status_code == 403 and cross.json()["error"]["code"] == "cross_site_refused"
+        rebound = httpx.get(f"{base}/dashboard", headers={"Host": "evil.example"})
+        assert rebound.status_code == 403 and rebound.json()["error"]["code"] == "host_not_allowed"
+        anthropic = httpx.post(f"{base}/v1/messages", json={}, headers={"Sec-Fetch-Site": "cross-site"})
+        assert anthropic.status_code == 403 and anthropic.json()["type"] == "error"
 
 
 def test_the_front_passes_whole_bodies_and_headers_and_says_what_went_wrong_in_the_routes_shape(tmp_path):

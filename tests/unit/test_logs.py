@@ -87,6 +87,6 @@ def test_serve_with_log_json_writes_only_json_lines(monkeypatch, capsys):
 
 
 def test_secrets_of_finds_every_configured_key():
-    config = load_config(None, ['gateway.api_keys=["k1", "k2"]', f'gateway.admin_key="{ADMIN}"',
+    config = load_config(None, ['gateway.api_keys=["agent-k1", "agent-k2"]', f'gateway.admin_key="{ADMIN}"',
                                 'reward.judge_api_key="judge-key"'])
-    assert sorted(logs.secrets_of(config)) == sorted(["k1", "k2", ADMIN, "judge-key"])
+    assert sorted(logs.secrets_of(config)) == sorted(["agent-k1", "agent-k2", ADMIN, "judge-key"])

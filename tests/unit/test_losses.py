@@ -218,6 +218,25 @@ def test_two_turns_of_one_session_are_not_one_grpo_group():
     assert as_before.tolist() == [0.0, 0.0]  # what one group per session did
 
 
+def test_a_sample_without_a_reward_is_no_member_of_its_grpo_group():
+    """A hint-only sample (reward 0 or None) trains by distillation only: it must not move its
+    group's mean and spread, or two +1 replies get +0.7 each instead of 0, and a +1 beside it
+    is normalised instead of judged against the baseline."""
+    from clawr1.core.config import TrainerConfig
+    from clawr1.trainer.batch import rl_advantages
+
+    def sample(reward: float | None) -> SimpleNamespace:
+        return SimpleNamespace(reward=reward, relabelled=False, step=SimpleNamespace(prompt_id="p"))
+
+    config = TrainerConfig(baseline="ema", negative_weight=1.0)
+    for unrewarded in (0.0, None):
+        with_it, _ = rl_advantages([sample(1.0), sample(1.0), sample(unrewarded)], config, 0.0)
+        without, _ = rl_advantages([sample(1.0), sample(1.0)], config, 0.0)
+        assert with_it.tolist() == pytest.approx([*without.tolist(), 0.0], abs=1e-6) == [0.0, 0.0, 0.0]
+        alone, baseline = rl_advantages([sample(1.0), sample(unrewarded)], config, 0.25)
+        assert alone.tolist() == pytest.approx([0.75, 0.0]) and baseline != 0.25  # a singleton: r - baseline
+
+
 @pytest.mark.parametrize("terms", [("logp",), ("entropy",), ("kl",), ("stop",), ("logp", "kl"),
                                    ("logp", "entropy", "kl", "teacher", "stop")])
 @pytest.mark.parametrize("temperatures", ["one", "mixed"])

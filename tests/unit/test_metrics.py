@@ -131,7 +131,7 @@ def test_served_version_swaps_and_judge_outcomes_are_read_at_scrape(tmp_path):
                                               "no_correction"))
             await worker.store("b", Judgement(-1, [-1], ["-1"], "traceback", "rule", "Check the path first, please.",
                                               None))
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as client:
                 return (await client.get("/metrics")).text
 
         m = scrape(run(main()))

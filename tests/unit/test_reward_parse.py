@@ -109,3 +109,19 @@ def test_a_too_short_hint_is_rejected_with_its_reason():
 def test_no_correction_beats_unparsable_and_unparsable_is_the_last_resort():
     assert select_hint(["[HINT_START] NONE [HINT_END]", "gibberish"], 20).reason == "no_correction"
     assert select_hint(["gibberish", "more gibberish"], 20).reason == "unparsable"
+
+
+def test_a_hint_that_says_there_is_nothing_to_correct_is_none():
+    """Between the markers too: "No correction needed" is not a correction (it once trained as
+    one, beating the other votes' NONE by length); a correction that starts with "No" still is."""
+    for none in ("No correction needed, the user was satisfied.", "There is no concrete correction here.",
+                 "No hint: the reply was fine.", "Nothing to correct."):
+        assert parse_hint(f"{HINT_START} {none} {HINT_END}") == (None, "no_correction"), none
+    for hint in ("No bold text, please use plain sentences.", "Nobody asked for a list: answer in one line."):
+        assert parse_hint(f"{HINT_START} {hint} {HINT_END}") == (hint, None), hint
+
+
+def test_a_vote_on_the_line_after_score_counts():
+    """The embedded judge continues the prompt's "Score:"; it may start with a newline."""
+    assert parse_vote("Score:\n-1") == -1 and parse_vote("Score: \n\n+1") == 1 and parse_vote("Score:\n0") == 0
+    assert parse_vote("Score:\n+1 or -1") is None  # the options, not a choice

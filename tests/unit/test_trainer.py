@@ -325,3 +325,25 @@ def test_hindsight_relabelling_trains_the_accepted_reply_as_the_answer_before_th
                                                                 second.temperature) - before
             pool.ack(lease.lease_id)
     assert gains[(1.0, True)] > 0 and gains[(1.0, True)] > gains[(0.0, True)] + 0.1
+
+
+def test_the_teacher_of_a_raw_prompt_step_sees_its_prompt_and_the_hint(tiny_model_dir):
+    """`/v1/completions` stores no messages: the teacher's context is then the hint in front of the
+    step's own prompt tokens (it once was the hint alone, so every reply token scored as noise)."""
+    from clawr1.engine.chat import ChatFormat
+    from clawr1.engine.tokenizer import load_tokenizer
+    from clawr1.trainer.batch import hinted_prompt, with_hint
+
+    chat = ChatFormat(load_tokenizer(tiny_model_dir))
+    prompt = chat.tokenizer.encode("Translate to French: the cat sleeps.", add_special_tokens=False)
+
+    def step(messages):
+        return Step(step_id="c-0", tenant="default", session_id="s", prompt_id="p", turn_index=0, turn_type="main",
+                    messages=messages, tools=None, prompt_ids=prompt, token_ids=[5, 6], logprobs=[-1.0, -1.0],
+                    text="x", policy_version=0, adapter=None, finish_reason="stop", temperature=1.0)
+
+    raw = hinted_prompt(chat, step([]), "Say 'le chat dort'.")
+    assert raw[-len(prompt):] == prompt and len(raw) > len(prompt)
+    assert "le chat dort" in chat.tokenizer.decode(raw[:-len(prompt)])
+    conversation = [{"role": "user", "content": "Translate to French: the cat sleeps."}]
+    assert hinted_prompt(chat, step(conversation), "Say it.") == chat.render(with_hint(conversation, "Say it."), None)

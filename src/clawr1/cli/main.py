@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from clawr1.cli import export as export_cli
@@ -508,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = resolve(args)
     except (ValueError, OSError) as exc:  # pydantic's ValidationError is a ValueError
-        err_console.print(f"[red]config error:[/red] {exc}")
+        err_console.print(f"[red]config error:[/red] {escape(str(exc))}")  # its [..] is text, not markup
         return 2
     if args.command in ("up", "serve", "train"):  # long-running: their events (swaps, judge errors) are logged
         from clawr1.cli import logs

@@ -388,9 +388,11 @@ def feedback_steps(conn: sqlite3.Connection, tenant: str, session_id: str | None
         # Its choices are `<id>-0`, `<id>-1`, ...: a key range ('.' sorts right after '-') uses the index.
         rows = conn.execute("SELECT step_id FROM steps WHERE step_id > ? AND step_id < ? AND tenant = ? "
                             "ORDER BY step_id", (completion_id + "-", completion_id + ".", tenant)).fetchall()
-        if not rows:
+        # Exactly `<id>-<choice>`: a shorter id ("chatcmpl") would otherwise name every reply under it.
+        choices = [r[0] for r in rows if r[0][len(completion_id) + 1:].isdigit()]
+        if not choices:
             raise UnknownStepError(completion_id)
-        return [r[0] for r in rows]
+        return choices
     key = (tenant, session_id)
     if conn.execute("SELECT 1 FROM sessions WHERE tenant = ? AND session_id = ?", key).fetchone() is None:
         raise UnknownSessionError(f"{tenant}/{session_id}")

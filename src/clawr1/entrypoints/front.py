@@ -30,6 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from clawr1.entrypoints.workers import orphaned
 from clawr1.gateway.body import parse_json
+from clawr1.gateway.browsers import refusal
 from clawr1.gateway.dispatch import KEY_HEADER, PATH_HEADER, Route, route
 from clawr1.gateway.errors import APIError, anthropic_error_body, error_body
 from clawr1.gateway.metrics import merge_workers
@@ -47,9 +48,13 @@ HEADER_LIMIT = 65536  # request line and header field sizes accepted (aiohttp's 
 
 
 class Front:
-    def __init__(self, sockets: list[Path], max_body_bytes: int, max_json_depth: int, internal_key: str):
+    def __init__(self, sockets: list[Path], max_body_bytes: int, max_json_depth: int, internal_key: str,
+                 refuse_pages: bool = False):
+        """`refuse_pages`: the gateway has no keys; the front faces the browsers, so it refuses
+        what `browsers.refusal` refuses (the workers behind it see only the front)."""
         self.sockets, self.max_body, self.max_depth = sockets, max_body_bytes, max_json_depth
         self.internal_key = internal_key
+        self.refuse_pages = refuse_pages
         self.clients: list[ClientSession] = []
         self.turns = itertools.count()
 
@@ -79,6 +84,10 @@ class Front:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
+            if self.refuse_pages:
+                refused = refusal(request.method, {k.lower(): v for k, v in request.headers.items()})
+                if refused is not None:
+                    raise refused
             raw = await self._body(request)
             body = None
             if raw and request.method == "POST":
@@ -242,7 +251,8 @@ async def _main(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
-    front = Front(args.socket, args.max_body_bytes, args.max_json_depth, os.environ["CLAWR1_INTERNAL_KEY"])
+    front = Front(args.socket, args.max_body_bytes, args.max_json_depth, os.environ["CLAWR1_INTERNAL_KEY"],
+                  refuse_pages=args.no_keys)
     listener = socket.socket(fileno=args.fd)  # bound and listening: the leader's
     tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
     await unless_orphaned(serve(front, listener, args.ready, tls, args.wait_s, stop, args.drain_s))
@@ -255,6 +265,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ready", type=Path, help="write the port here once serving")
     parser.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
     parser.add_argument("--max-json-depth", type=int, default=64)
+    parser.add_argument("--no-keys", action="store_true", help="the gateway has no agent keys: refuse web pages")
     parser.add_argument("--tls-cert")
     parser.add_argument("--tls-key")
     parser.add_argument("--wait-s", type=float, default=600.0, help="how long the workers may take to start")

@@ -104,6 +104,8 @@ class Workers:
         argv += [a for i in range(gw.workers) for a in ("--socket", str(socket_of(self.config, i)))]
         if gw.tls_cert is not None:
             argv += ["--tls-cert", str(gw.tls_cert), "--tls-key", str(gw.tls_key)]
+        if not gw.api_keys and not self.config.tenants.keys:
+            argv.append("--no-keys")
         return argv
 
     def start(self) -> None:

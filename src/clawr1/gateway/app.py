@@ -70,7 +70,12 @@ def create_app(engine: Engine, pool: DataPool, config: Config, worker: int = 0,
     app.state.gateway = gateway
 
     @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
+    async def healthz(request: Request) -> dict[str, Any]:
+        """Liveness for anyone. Which versions are loaded, only where nobody may not know them all:
+        a gateway with no agent keys (loopback only), or the admin (a tenant never learns of
+        another's adapter, as on `/v1/models`)."""
+        if gateway.agent_keys and not gateway.is_admin(request):
+            return {"ok": True}
         return {"ok": True, "adapters": engine.adapters()}
 
     @app.get("/v1/models")
@@ -103,8 +108,10 @@ def create_app(engine: Engine, pool: DataPool, config: Config, worker: int = 0,
     errors.install(app)
     app.add_middleware(errors.CatchAll)  # inside the metrics, so what it answers is counted
     app.add_middleware(MetricsMiddleware, metrics=gateway.metrics)
+    # Behind a front (`gateway.workers` > 1) the front, which faces the browsers, checks them.
+    open_gateway = not gateway.agent_keys and config.gateway.workers == 1
     return HotRoutes(app, {path: (wire, _route(router, path)) for path, (wire, router) in hot.items()},
-                     gateway.metrics)
+                     gateway.metrics, refuse_pages=open_gateway)
 
 
 def _route(router: APIRouter, path: str) -> APIRoute:

@@ -38,9 +38,9 @@ from starlette.types import Receive, Scope, Send
 from clawr1.core.records import Step
 from clawr1.core.types import ContextLengthError, EngineError, Generation, ParsedCompletion, SamplingParams, TokenEvent
 from clawr1.engine.base import GenerationStream
-from clawr1.gateway import schema
+from clawr1.gateway import browsers, schema
 from clawr1.gateway.body import read_json
-from clawr1.gateway.errors import APIError, validate
+from clawr1.gateway.errors import APIError, error_body, validate
 from clawr1.gateway.service import Caller, Gateway, Ticket
 from clawr1.gateway.sessions import Turn
 from clawr1.gateway.streaming import TimedOut, events
@@ -126,6 +126,10 @@ async def handle(request: Request, wire: Wire, path_ids: tuple[str, str] | None,
             headers["x-session-id"] = session
         if headers.get("x-session-id") is not None:
             schema.check_id(headers["x-session-id"], "X-Session-Id")
+        named = path_ids[0] if path_ids is not None else headers.get("x-session-id")
+        if caller.session_id is not None and named is not None and named != caller.session_id:
+            # A per-session key's requests belong to its session, whatever they name (as on /close).
+            raise APIError(403, "this session key belongs to another session", code="permission_denied")
         job = wire.prepare(gw, req, caller, headers, path_ids)
         job.base = _wants_base(gw, caller, headers)
         for prompt in job.prompts:
@@ -148,13 +152,25 @@ class HotRoutes:
     sent): the request is counted and timed under the FastAPI route that serves the same path (so
     `/metrics` and the OpenAPI schema are unchanged), with the status the response sent, and a bug
     before the exchange began is a 500 in the route's error shape. Everything else (other paths and
-    methods, lifespan) goes to FastAPI. `state` is FastAPI's (`state.gateway`)."""
+    methods, lifespan) goes to FastAPI. `state` is FastAPI's (`state.gateway`). `refuse_pages`: a
+    gateway with no keys, where every HTTP request first passes `browsers.refusal`."""
 
-    def __init__(self, app: Any, routes: dict[str, tuple[Wire, Any]], metrics: Any = None):
+    def __init__(self, app: Any, routes: dict[str, tuple[Wire, Any]], metrics: Any = None,
+                 refuse_pages: bool = False):
         self.app, self.routes, self.state = app, routes, app.state  # path -> (wire, FastAPI route)
         self.metrics = metrics  # `GatewayMetrics`
+        self.refuse_pages = refuse_pages
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.refuse_pages and scope["type"] == "http":
+            named = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in _BROWSER_HEADERS}
+            refused = browsers.refusal(scope["method"], named)
+            if refused is not None:
+                wire = self.routes.get(scope["path"])
+                await (wire[0].error_response(refused) if wire else
+                       JSONResponse(error_body(refused.status, refused.message, code=refused.code),
+                                    status_code=refused.status))(scope, receive, send)
+                return
         hit = None
         if scope["type"] == "http" and scope["method"] == "POST":
             path, root = scope["path"], scope.get("root_path", "")
@@ -181,6 +197,9 @@ class HotRoutes:
             if self.metrics is not None:
                 self.metrics.request_done(hit[1].path, 500 if response is None else response.status_code,
                                           time.perf_counter() - started)
+
+
+_BROWSER_HEADERS = frozenset({b"host", b"origin", b"sec-fetch-site"})
 
 
 def _internal(exc: Exception) -> APIError:

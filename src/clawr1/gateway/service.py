@@ -229,12 +229,17 @@ class Gateway:
     def remember_session_key(self, digest: str, tenant: str, session_id: str) -> None:
         self._session_keys[digest] = (tenant, session_id)
 
-    def require_admin(self, request: Request) -> None:
+    def is_admin(self, request: Request) -> bool:
+        """The request carries the admin key (`Authorization: Bearer <admin_key>`)."""
         admin = self.config.gateway.admin_key
-        if admin is None:
-            raise APIError(403, "admin routes are disabled: set gateway.admin_key", code="admin_disabled")
         auth = request.headers.get("authorization", "")
-        if not (auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].strip(), admin)):
+        return admin is not None and auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].strip().encode(),
+                                                                                          admin.encode())
+
+    def require_admin(self, request: Request) -> None:
+        if self.config.gateway.admin_key is None:
+            raise APIError(403, "admin routes are disabled: set gateway.admin_key", code="admin_disabled")
+        if not self.is_admin(request):
             raise APIError(401, "admin routes need the admin key (Authorization: Bearer <admin_key>)",
                            code="invalid_api_key")
 

@@ -162,7 +162,8 @@ def named_session(headers: dict[str, str], path_ids: tuple[str, str] | None,
                   bound_session: str | None) -> tuple[str, str, Literal["path", "header", "key"]] | None:
     """(session id, prompt id, how) when the request names its session, by the protocol's
     precedence (the one place it is written): URL path ids, then `X-Session-Id`, then a
-    per-session API key. None: history matching decides."""
+    per-session API key. None: history matching decides. (A request with a per-session key that
+    names another session never gets here: `pipeline.handle` answers it 403.)"""
     if path_ids is not None:
         return path_ids[0], path_ids[1], "path"
     if headers.get("x-session-id"):

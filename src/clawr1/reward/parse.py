@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from itertools import pairwise
 
 from clawr1.reward.types import HintReason, HintResult
 
@@ -16,11 +17,17 @@ from clawr1.reward.types import HintReason, HintResult
 _ECHO = r"(?:\.0+)?(?![\d.]*\d)(?!\s*(?:or\b|/))"
 _SCORE = re.compile(r"score\W{0,4}?\s*[:=]?\s*\**\s*([+-]?)\s*([01])" + _ECHO, re.IGNORECASE)
 _BOXED = re.compile(r"\\boxed\{\s*([+-]?)\s*([01])\s*\}")
+_SCORE_ENDS = re.compile(r"score\W{0,4}?\s*[:=]?\s*\**\s*$", re.IGNORECASE)  # "Score:" and nothing after
 _BARE = re.compile(r"^\s*([+-]?)\s*([01])" + _ECHO)  # a bare answer, e.g. "+1"
 _OPTIONS = re.compile(r"[+-]?[01]\s*(?:or|/)\s*(?:score\W*)?[+-]?[01]", re.IGNORECASE)
 _HINT = re.compile(r"\[\s*HINT[_ ]?START\s*\](.*?)(?:\[\s*/?\s*HINT[_ ]?END\s*\]|$)", re.IGNORECASE | re.DOTALL)
 _START = re.compile(r"\[\s*HINT[_ ]?START\s*\]", re.IGNORECASE)
 _NONE = re.compile(r"^\W*(?:none|no|n/a|nothing|no correction)\b\W*$", re.IGNORECASE)
+# Between the markers, a sentence that says there is nothing to correct ("No correction needed,
+# the user was satisfied."), as opposed to a correction that starts with "No" ("No bold, please.").
+_NO_HINT = re.compile(r"^\W*(?:no (?:concrete |specific |clear )?(?:correction|hint|feedback)s?\b|there (?:is|was|are) "
+                      r"no (?:concrete |specific |clear )?(?:correction|hint)s?\b|nothing to (?:correct|fix)\b)",
+                      re.IGNORECASE)
 _SAYS_NO = re.compile(r"^\W*(?:no\b|none\b|no correction|there is no (?:concrete )?correction)", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
 HINT_MAX_CHARS = 600
@@ -43,6 +50,13 @@ def parse_vote(text: str) -> int | None:
             return found.pop()
         if len(found) > 1:
             return None
+    # "Score:" ending one line and the vote alone on the next (the embedded judge continues the
+    # prompt's "Score:", and may start with a newline); the last such pair decides.
+    lines = [line for line in text.splitlines() if line.strip()]
+    for above, line in reversed(list(pairwise(lines))):
+        bare = _BARE.match(line)
+        if _SCORE_ENDS.search(above) and bare and not _OPTIONS.search(line):
+            return _value(bare.group(1), bare.group(2))
     bare = _BARE.match(text)
     return _value(bare.group(1), bare.group(2)) if bare else None
 
@@ -102,7 +116,7 @@ def parse_hint(text: str) -> tuple[str | None, HintReason | None]:
     hint = _trim(body)
     if not hint:
         return None, "unparsable"
-    if _NONE.match(hint):
+    if _NONE.match(hint) or _NO_HINT.match(hint):
         return None, "no_correction"
     return hint, None
 

@@ -128,7 +128,9 @@ def rl_advantages(samples: list[TrainSample], config: TrainerConfig, baseline: f
     `config.baseline = "ema"`, else r), negatives times `config.negative_weight`. The batch is
     judged against the baseline from before it; then its online rewards, in order, update it."""
     raw = torch.tensor([s.reward or 0.0 for s in samples])
-    groups = [s.step.prompt_id for s in samples]
+    # A sample without a reward (a hint alone) is no member of its group: counted as a reward of
+    # 0, it would move the others' mean and spread (two +1 replies would get +0.7 instead of 0).
+    groups = [s.step.prompt_id if raw[i] != 0 else f"\0unrewarded-{i}" for i, s in enumerate(samples)]
     use = baseline if config.baseline == "ema" else 0.0
     advantage = online_advantages(raw, groups, use, config.negative_weight) * (raw != 0)
     if config.baseline == "ema":  # (a relabelled row repeats a reward already counted)
@@ -211,10 +213,18 @@ def _teacher(policy: Policy, config: TrainerConfig) -> Iterator[None]:
         yield
 
 
+def hinted_prompt(chat: Any, step: Step, hint: str, at: str = "user") -> list[int]:
+    """The teacher's context (`chat`: the model's `ChatFormat`): the conversation with the hint in
+    it; a raw-prompt step (`/v1/completions` stores no messages) gets the hint as a line of text in
+    front of its own prompt tokens, so the teacher still sees the request it answers."""
+    if step.messages:
+        return chat.render(with_hint(step.messages, hint, at), step.tools)
+    return chat.tokenizer.encode(f"{HINT_PREFIX.strip()} {hint}\n\n", add_special_tokens=False) + list(step.prompt_ids)
+
+
 def _teacher_rows(policy: Policy, samples: list[TrainSample], index: list[int], at: str = "user") -> Rows:
     """The hinted samples' replies after their hint-augmented contexts, right-aligned like `pack`."""
-    prompts = [policy.render(with_hint(samples[i].step.messages, samples[i].hint or "", at), samples[i].step.tools)
-               for i in index]
+    prompts = [hinted_prompt(policy.chat, samples[i].step, samples[i].hint or "", at) for i in index]
     return pack(prompts, [samples[i].step.token_ids for i in index], [samples[i].step.temperature for i in index],
                 policy.pad_id)
 

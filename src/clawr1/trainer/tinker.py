@@ -41,7 +41,7 @@ from clawr1.engine.chat import ChatFormat
 from clawr1.engine.models import resolve_model
 from clawr1.engine.tokenizer import load_tokenizer
 from clawr1.trainer import checkpoint, guarded, history
-from clawr1.trainer.batch import TrainSample, load_samples, per_sample, rl_advantages, token_advantages, with_hint
+from clawr1.trainer.batch import TrainSample, hinted_prompt, load_samples, per_sample, rl_advantages, token_advantages
 from clawr1.trainer.loop import scheduled_lr
 from clawr1.trainer.losses import opd_advantage
 from clawr1.trainer.ranks import Ranks
@@ -192,10 +192,9 @@ class TinkerTrainer:
         opd = torch.zeros(len(steps), k)
         if self.tc.method != "rl":
             hinted = [i for i, s in enumerate(samples) if s.hint and s.step.token_ids]
-            teachers = self._logprobs(self.base, [(self.chat.render(with_hint(samples[i].step.messages,
-                                                                               samples[i].hint or "", self.tc.hint_at),
-                                                                     samples[i].step.tools),
-                                                   samples[i].step.token_ids) for i in hinted])
+            teachers = self._logprobs(self.base, [(hinted_prompt(self.chat, samples[i].step, samples[i].hint or "",
+                                                                 self.tc.hint_at), samples[i].step.token_ids)
+                                                  for i in hinted])
             for i, teacher in zip(hinted, teachers, strict=True):
                 n = len(steps[i].token_ids)
                 opd[i, k - n:] = opd_advantage(teacher, behaviour[i, k - n:], self.tc.opd_clip)

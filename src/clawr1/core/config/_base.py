@@ -20,4 +20,7 @@ def default_data_dir() -> Path:
 
 class _Section(BaseModel):
     # Field docstrings become the fields' descriptions in the JSON schema (`Config.model_json_schema()`).
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    # Inputs are left out of validation errors: a config error is printed, and its input may be a
+    # key (`tenants.keys` holds every tenant's).
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True,
+                              hide_input_in_errors=True)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from clawr1.core.config._base import TENANT_NAME, _Section
 
@@ -16,8 +17,11 @@ class GatewayConfig(_Section):
     port: int = Field(8000, ge=0, le=65535)
     """TCP port (0 = any free port)."""
 
-    api_keys: list[str] = Field(default_factory=list, max_length=10_000)
-    """Bearer keys agents must send. Empty: no auth, and the gateway only binds to loopback."""
+    api_keys: list[Annotated[str, StringConstraints(min_length=8, max_length=512)]] = Field(
+        default_factory=list, max_length=10_000)
+    """Bearer keys agents must send, each at least 8 characters (an empty one, say from an unset
+    shell variable, would let in a request with no key at all). Empty list: no auth, and the
+    gateway only binds to loopback."""
 
     tls_cert: Path | None = None
     """PEM certificate (chain) to serve HTTPS with (uvicorn's TLS); set with `tls_key`. Unset:
