@@ -40,7 +40,7 @@ def test_fake_stream_is_a_token_faithful_generation():
 def test_gateway_serves_and_records_the_fake_engine(tmp_path):
     config = load_config(None, [f'data_dir="{tmp_path}"'])
     pool = SQLitePool(tmp_path, config.pool)
-    with TestClient(create_app(FakeEngine(), pool, config)) as client:
+    with TestClient(create_app(FakeEngine(), pool, config), base_url="http://localhost") as client:  # no keys: loopback names
         reply = client.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES, "logprobs": True})
         assert reply.status_code == 200, reply.text
         body = reply.json()

@@ -393,3 +393,68 @@ def test_a_stream_is_ready_exactly_when_its_next_event_needs_no_wait():
         return seen
 
     assert run(go()) == [False, True, False, True, True]
+
+
+def test_a_cancelled_queued_request_leaves_the_queue_at_once(tiny_model_dir):
+    """With every row busy, a queued request whose client went away must not wait for its turn to
+    leave: it held a queue place (new requests were refused as overloaded) and its adapter slot."""
+    from clawr1.core.config import EngineConfig
+    from clawr1.core.types import EngineOverloadedError
+    from clawr1.engine.local import LocalEngine
+
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=1, max_queue=2))
+    ids = engine.render([{"role": "user", "content": "hi"}])
+
+    async def go() -> list[str]:
+        long = engine.generate(ids, SamplingParams(max_tokens=400, temperature=1.0, seed=1))
+        await anext(aiter(long))  # the only row is busy
+        queued = [engine.generate(ids, SamplingParams(max_tokens=5)) for _ in range(2)]
+        for stream in queued:
+            stream.cancel()
+        reasons = [(await asyncio.wait_for(stream.final(), 10)).finish_reason for stream in queued]
+        with pytest.raises(EngineOverloadedError):  # full: the long one, two more queued
+            [engine.generate(ids, SamplingParams(max_tokens=5)) for _ in range(3)]
+        long.cancel()
+        await long.final()
+        return reasons
+
+    try:
+        assert run(go()) == ["aborted", "aborted"]  # answered while the long one still runs
+    finally:
+        asyncio.run(engine.close())
+
+
+def test_a_streams_version_is_the_one_that_samples_it(tiny_model_dir, tmp_path):
+    """A base-model request queued while new whole weights wait to load is sampled by them; its
+    stream says so (the gateway's fingerprint, the Ray router's record), as its generation does."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    from clawr1.core.config import EngineConfig
+    from clawr1.engine import adapters as store
+    from clawr1.engine.local import LocalEngine
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(0.9)
+    path = store.publish_weights(model, Path(tmp_path) / "w", "policy", 1)
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1))
+    ids = engine.render([{"role": "user", "content": "hi"}])
+
+    async def go():
+        long = engine.generate(ids, SamplingParams(max_tokens=40, temperature=1.0, seed=1))
+        await anext(aiter(long))
+        load = asyncio.ensure_future(engine.load_weights(path))
+        await asyncio.sleep(0.05)  # queued: the running batch finishes on the old weights first
+        queued = engine.generate(ids, SamplingParams(max_tokens=5, temperature=0))
+        gen = await queued.final()
+        await long.final()
+        await load
+        return queued.version, gen.version
+
+    try:
+        assert run(go()) == (1, 1)
+    finally:
+        asyncio.run(engine.close())

@@ -66,3 +66,33 @@ def test_end_of_sequence_stops_without_text(tokenizer):
     ids = tokenizer.encode("Hello there", add_special_tokens=False) + [eos, *tokenizer.encode(" more")]
     gen, streamed, reason, _ = run(tokenizer, ids, eos=frozenset({eos}))
     assert reason == "stop" and streamed == gen.content == "Hello there" and gen.token_ids[-1] == eos
+
+
+def test_a_token_that_completes_two_stops_cuts_at_the_one_that_begins_first(tokenizer):
+    """The content never holds a stop: with stops ("n", "u") a token " unstructured" completes
+    both; the reply is cut before "u", not before "n" (which left "u" in it)."""
+    ids = tokenizer.encode(" unstructured data", add_special_tokens=False)
+    for stops in (("n", "u"), ("u", "n")):
+        gen, streamed, reason, _ = run(tokenizer, ids, stops=stops)
+        assert reason == "stop" and gen.stop_match == "u" and streamed == gen.content == " ", stops
+
+
+def test_a_stop_in_text_held_back_for_half_a_character_is_cut_when_the_reply_ends(tokenizer):
+    """A stop that ends inside a token holding half a UTF-8 character is not in the streamed-so-far
+    text yet; if the reply then ends (out of tokens), the full decode finds it: cut, reason stop."""
+    ids = tokenizer.encode("Sure. User: 日本", add_special_tokens=False)
+    cut = next((k for k in range(1, len(ids) + 1) if tokenizer.decode(ids[:k]).endswith("\ufffd")
+                and "User: " in tokenizer.decode(ids[:k])), None)
+    if cut is None:
+        pytest.skip("this tokenizer splits no character after the stop")
+    gen, streamed, reason, _ = run(tokenizer, ids[:cut], stops=("User: ",), max_tokens=cut)
+    assert reason == "stop" and gen.stop_match == "User: " and streamed == gen.content == "Sure. "
+
+
+def test_a_stop_sequence_is_a_few_characters_not_a_document():
+    """Text that could begin a stop is held back and re-checked every token: stops are bounded."""
+    from clawr1.core.types import MAX_STOP_CHARS, InvalidRequestError, SamplingParams
+
+    SamplingParams(stop=("x" * MAX_STOP_CHARS,))
+    with pytest.raises(InvalidRequestError, match="stop"):
+        SamplingParams(stop=("x" * (MAX_STOP_CHARS + 1),))

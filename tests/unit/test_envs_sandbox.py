@@ -146,7 +146,9 @@ def test_a_fork_bomb_is_contained_and_cleaned_up() -> None:
     with _box(wall_s=2.0, max_procs=32) as box:
         start = time.monotonic()
         result = box.run("bomb() { bomb | bomb & }; bomb; sleep 30")
-        assert result.killed == "wall time"
+        # Contained either way: killed at the wall time, or the shell could not even fork its
+        # `sleep` under the process limit and gave up (which of the two depends on timing).
+        assert result.killed == "wall time" or "Cannot fork" in result.stderr, result
         assert result.exit_code != 0
         assert time.monotonic() - start < 8
     _assert_no_leftovers(box)

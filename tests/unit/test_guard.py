@@ -353,3 +353,68 @@ def test_a_poll_that_fails_does_not_end_the_guard(tmp_path, caplog):
 
     assert asyncio.run(poll_a_while())
     assert sum("this poll failed" in r.getMessage() for r in caplog.records) >= 3  # each poll, again
+
+
+def test_retention_spares_the_version_that_serves_though_the_trainer_missed_its_verdict(tmp_path):
+    """A verdict that came after the trainer stopped waiting: v1 serves (promoted), the trainer
+    still counts v0 as its incumbent; pruning down to one version must not delete v1."""
+    from clawr1.trainer import guarded
+
+    for version in (1, 2, 3):
+        folder = store.version_dir(tmp_path, "policy", version)
+        folder.mkdir(parents=True)
+        store.write_json(folder / store.MARKER, {"name": "policy", "version": version})
+    store.decide(tmp_path, "policy", 1, "promoted", "late", {})
+    store.decide(tmp_path, "policy", 2, "rejected", "worse", {})
+    keep = guarded.protected(tmp_path, "policy", promoted=0)
+    assert 1 in keep
+    store.prune(tmp_path, "policy", 1, keep)
+    assert 1 in store.published(tmp_path, "policy") and store.to_serve(tmp_path, "policy") == 1
+
+
+def test_probes_need_a_user_message_and_are_sampled_at_temperature_one_on_a_server(tmp_path, monkeypatch):
+    """A held-out turn with no user message is no probe (relevance is measured against the user's
+    request: it failed the whole draw); a vLLM or SGLang server scores at temperature 1 only, so
+    there the probes are sampled at 1 (at 0.7 no probe set was ever calibrated, no verdict given)."""
+    import asyncio
+    import types
+
+    from clawr1.core.config import Config
+    from clawr1.core.records import Step
+    from clawr1.guard import Guard
+    from clawr1.guard import guard as module
+    from clawr1.guard.probes import probes_of
+
+    def step(step_id, messages):
+        return Step(step_id=step_id, tenant="default", session_id="s", prompt_id="p", turn_index=0, turn_type="main",
+                    messages=messages, tools=None, prompt_ids=[1, 2], token_ids=[3], logprobs=[-1.0], text="x",
+                    policy_version=0, adapter=None, finish_reason="stop", temperature=0.7)
+
+    held = probes_of([step("a", [{"role": "system", "content": "You are an agent."}]),
+                      step("b", [{"role": "user", "content": "hi"}])], 16)
+    assert [p.step_id for p in held] == ["b"]
+
+    sampled: list[float] = []
+
+    async def ask(engine, pool, probes, adapter, tenant, label):
+        sampled.extend(p.temperature for p in probes)
+        return []
+
+    class Meter:
+        async def calibrate(self, replies):
+            return "calibration", []
+
+    async def meter():
+        return Meter()
+
+    monkeypatch.setattr(module, "ask", ask)
+    monkeypatch.setattr(module, "replies_of", lambda probes, gens: [])
+    monkeypatch.setattr(module, "summarize", lambda measured, calibration: types.SimpleNamespace(sane_rate=1.0))
+    for engine, expected in ((types.SimpleNamespace(scores_at_temperature_one_only=True), 1.0),
+                             (types.SimpleNamespace(), 0.7)):
+        sampled.clear()
+        gw = types.SimpleNamespace(config=Config(data_dir=str(tmp_path)), per_tenant=False, engine=engine, pool=None,
+                                   swaps=[], quality_meter=meter)
+        guard = Guard(gw)
+        drawn = asyncio.run(guard._draw(guard._line("policy"), held, 1))
+        assert sampled == [expected] and [p.temperature for p in drawn.probes] == [expected]

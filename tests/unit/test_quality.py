@@ -124,6 +124,30 @@ def test_empty_and_whitespace_replies_are_never_sane(engine, embedder):
     assert not sane(measured[0], generous) and insane_because(measured[1], generous) == ["empty"]
 
 
+def test_a_reply_that_asks_the_question_back_is_never_sane(engine, embedder):
+    """The echo: relevance 1.0, fluent to the base, nothing repeated, so every other measure passes
+    it (a guard review measured the base-calibrated range: sane 1.00 for echoes). An answer that
+    names the question's words, and a short answer, are not echoes."""
+    from clawr1.quality.measures import echoes
+
+    question = "How do I pick a good avocado?"
+    messages = [{"role": "user", "content": question}]
+    prompt = engine.render(messages)
+
+    def reply(text: str) -> Reply:
+        return Reply(messages, text, engine.tokenizer.encode(text, add_special_tokens=False), prompt)
+
+    echo, answer, short = reply(question), reply("To pick a good avocado, press it gently: ripe ones give a little."), reply("Yes.")
+    measured = run(QualityMeter(engine, embedder).measure([echo, answer, short]))
+    assert [m.echo for m in measured] == [True, False, False]
+    assert measured[0].relevance > 0.99
+    generous = Calibration(-1.0, -100.0, 1.0, 16, 0.5, -1.0, 0.0)
+    assert insane_because(measured[0], generous) == ["echoes the request"] and sane(measured[1], generous)
+    assert echoes("how do I PICK a good avocado", question) and not echoes("pick an avocado", "pick")
+    assert not echoes("A nice way to spend a Sunday afternoon, what am I supposed to tell you?",
+                      "What's a nice way to spend a Sunday afternoon?")
+
+
 def test_calibration_thresholds_from_a_given_set():
     base = [q(relevance=r / 10, fluency=-1 - r / 10, rep=0.01 * r) for r in range(11)] + [q(empty=True)]
     cal = calibrate(base)

@@ -58,14 +58,16 @@ class EngineReplica:
     async def generate(self, prompt_ids: list[int], sampling: dict[str, Any], adapter: str | None
                        ) -> AsyncIterator[tuple]:
         """Streamed: ("version", v), then ("token", id, logprob, text) per token, then ("end", finish
-        reason, matched stop). A cancelled call (the client went away) stops the engine's work."""
+        reason, matched stop, version): the version again, as the engine settled it when it admitted
+        the request (a base-model request queued across a weights swap is sampled by the new
+        weights). A cancelled call (the client went away) stops the engine's work."""
         stream = self.engine.generate(prompt_ids, SamplingParams(**sampling), adapter)
         try:
             yield ("version", stream.version)
             async for event in stream:
                 yield ("token", event.token_id, event.logprob, event.text)
             gen = await stream.final()
-            yield ("end", gen.finish_reason, gen.stop_match)
+            yield ("end", gen.finish_reason, gen.stop_match, gen.version)
         finally:
             stream.cancel()
 

@@ -92,6 +92,7 @@ class RouterStream:
                 return TokenEvent(token, logprob, text)
             else:
                 self.gen.finish_reason, self.gen.stop_match = item[1], item[2]
+                self.gen.version = self.version = item[3]  # what sampled it (see `EngineActor.generate`)
         self._done = True
         self.gen.text = self.router.tokenizer.decode(self.gen.token_ids, skip_special_tokens=True)
         self.gen.finish_reason = self.gen.finish_reason or "aborted"

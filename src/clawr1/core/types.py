@@ -65,6 +65,9 @@ class EngineFailure(EngineError):
     type = "server_error"
 
 
+MAX_STOP_CHARS = 1024  # a stop sequence's length limit (OpenAI's API states none; agents' are a few characters)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample one completion. Validated on construction.
@@ -88,8 +91,10 @@ class SamplingParams:
             raise InvalidRequestError(f"temperature must be in [0, 2], got {self.temperature}", "temperature")
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
-        if len(self.stop) > 4 or any(not s for s in self.stop):
-            raise InvalidRequestError("stop takes at most 4 non-empty strings", "stop")
+        if len(self.stop) > 4 or any(not s or len(s) > MAX_STOP_CHARS for s in self.stop):
+            # Long ones are refused: text that could begin one is held back and re-checked each token.
+            raise InvalidRequestError(f"stop takes at most 4 non-empty strings of at most {MAX_STOP_CHARS} characters",
+                                      "stop")
 
     @property
     def scoring_temperature(self) -> float:

@@ -110,6 +110,12 @@ class LocalStream(QueuedStream):
         super().__init__(request.out, request.gen.version)
         self._request = request
 
+    @property
+    def version(self) -> int:
+        """The version that samples it: a base-model request queued across a weights swap is
+        sampled (and labelled, `_admit`) by the weights of when it is admitted."""
+        return self._request.gen.version
+
     def cancel(self) -> None:
         """Stop generating; the Generation finishes with `finish_reason="aborted"`."""
         self._request.cancelled = True
@@ -293,6 +299,7 @@ class LocalEngine(Frontend):
                 try:
                     if self._weights_pending is not None and not self._running and self._prefill is None:
                         self._apply_weights()
+                    self._forget_cancelled()
                     self._admit()
                     if self._running:
                         self._step()
@@ -343,6 +350,15 @@ class LocalEngine(Frontend):
         """The prefix cache under the configured budget, read live (as `prefill_chunk` is)."""
         self._prefix.resize(self.config.prefix_cache_mb << 20)
         return self._prefix
+
+    def _forget_cancelled(self) -> None:
+        """Queued requests whose clients went away leave the queue now, not when their turn comes
+        (with every row busy, that can be long): meanwhile they would count against `max_queue`,
+        so new requests were refused, and keep their adapter slot held."""
+        if any(request.cancelled for request in self._waiting):
+            for request in [r for r in self._waiting if r.cancelled]:
+                self._waiting.remove(request)
+                self._finish(request, "aborted")
 
     def _admit(self) -> None:
         while (self._prefill or self._waiting) and len(self._running) < self.config.max_batch and not self._closed:

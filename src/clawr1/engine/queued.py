@@ -11,9 +11,14 @@ from clawr1.core.types import Generation, TokenEvent
 
 class QueuedStream:
     def __init__(self, out: asyncio.Queue, version: int):
-        self.out, self.version = out, version
+        self.out, self._version = out, version
         self.generation: Generation | None = None
         self._failed = False
+
+    @property
+    def version(self) -> int:
+        """The policy version that samples this request."""
+        return self._version
 
     def __aiter__(self) -> QueuedStream:
         return self

@@ -64,6 +64,8 @@ class RemoteEngine(Frontend, ABC):
     """Serves through `config.url`; the tokenizer (and chat template) come from the local model
     directory of the same model."""
 
+    scores_at_temperature_one_only = True  # `score`: the servers' prompt logprobs are unscaled (the guard reads it)
+
     def __init__(self, model_path: Path, config: EngineConfig):
         super().__init__(model_path, config.max_context)
         self.config = config
@@ -237,7 +239,8 @@ class RemoteEngine(Frontend, ABC):
             if gen.finish_reason is None:  # the server ended it (an EOS it did not return, its own stop);
                 # text still held back is in `gen.content`, which the gateway sends at the end
                 advance.finish(gen)
-                gen.finish_reason = "length" if len(gen.token_ids) >= stream.max_tokens else "stop"
+                gen.finish_reason = ("length" if len(gen.token_ids) >= stream.max_tokens and gen.stop_match is None
+                                     else "stop")
             stream.out.put_nowait(gen)
         except asyncio.CancelledError:
             advance.finish(gen)

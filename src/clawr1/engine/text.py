@@ -35,26 +35,32 @@ class Advance:
         else:
             before = len(gen.text)
             gen.text += self._new_text(gen.token_ids)
-            longest = max((len(s) for s in self.stops), default=1)
-            tail = gen.text[max(0, before - longest + 1):]  # a stop can only end in the new text
-            gen.stop_match = next((s for s in self.stops if s in tail), None)
+            gen.stop_match = self._first_stop(gen.text, before)  # a stop can only end in the new text
             if gen.stop_match is not None:
                 reason = "stop"
             elif len(gen.token_ids) >= self.max_tokens:
                 reason = "length"
         if reason is None:
             return self._visible(gen.text), None
-        return self.finish(gen), reason
+        delta = self.finish(gen)
+        return delta, "stop" if gen.stop_match is not None else reason
 
     def finish(self, gen: Generation) -> str:
         """At the end (a finish reason here, or the server's own end): the exact text, decoded once
         in full, and the content not streamed yet (cut at a matched stop sequence)."""
         gen.text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-        if gen.stop_match is not None and gen.stop_match not in gen.text:
-            gen.stop_match = None  # cannot happen with a consistent tokenizer; never cut at a phantom
+        # Matched again on the whole text: a stop that ended in half a character held back (the
+        # reply then ran out of tokens, or ended) is only there now.
+        gen.stop_match = self._first_stop(gen.text, 0)
         content = gen.content
         delta, self.emitted = content[self.emitted:], max(self.emitted, len(content))
         return delta
+
+    def _first_stop(self, text: str, since: int) -> str | None:
+        """The stop sequence that begins first in `text` among those ending after `since` (the
+        content is cut there, so it never holds a stop), or None."""
+        found = [(at, s) for s in self.stops if (at := text.find(s, max(0, since - len(s) + 1))) >= 0]
+        return min(found)[1] if found else None
 
     def _new_text(self, ids: list[int]) -> str:
         """The text the tokens since `_read` add, or "" while they end in half a character."""
@@ -68,7 +74,10 @@ class Advance:
     def _visible(self, text: str) -> str:
         end = len(text.rstrip("\ufffd"))
         for stop in self.stops:
-            for n in range(min(len(stop) - 1, end), 0, -1):
+            # Only the text not streamed yet can be held back: a longer suffix that begins a stop
+            # would have been held when its first character came (bounds the work a token to what
+            # is held, not the whole reply).
+            for n in range(min(len(stop) - 1, end - self.emitted), 0, -1):
                 if text[end - n:end] == stop[:n]:
                     end -= n
                     break

@@ -185,11 +185,14 @@ class TimedStream:
     """A GenerationStream that times its first token. Until then `__anext__` goes through one extra
     coroutine; after it every call is handed straight to the engine's stream."""
 
-    __slots__ = ("_inner", "_since", "_ttft", "version")
+    __slots__ = ("_inner", "_since", "_ttft")
 
     def __init__(self, inner: GenerationStream, ttft: Histogram, since: float):
         self._inner, self._ttft, self._since = inner, ttft, since
-        self.version = inner.version
+
+    @property
+    def version(self) -> int:
+        return self._inner.version  # read through: an engine may settle it when it admits the request
 
     def __aiter__(self) -> TimedStream:
         return self

@@ -32,7 +32,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -265,6 +265,10 @@ class Guard:
     async def _draw(self, line: Line, held: list[Probe], version: int) -> ProbeSet:
         """A new probe set: the base answers it; its replies calibrate the measures."""
         self.sets += 1
+        if getattr(self.gw.engine, "scores_at_temperature_one_only", False):
+            # A vLLM or SGLang server scores the unscaled distribution only, and the meter scores
+            # each reply at the temperature that sampled it: probes are sampled at 1 there.
+            held = [replace(probe, temperature=1.0) for probe in held]
         gens = await ask(self.gw.engine, self.gw.pool, held, None, self._tenant(line), f"set{self.sets}")
         meter = await self.gw.quality_meter()
         calibration, measured = await meter.calibrate(replies_of(held, gens))

@@ -58,10 +58,13 @@ class ProbeSet:
 
 
 def probes_of(steps: list[Step], max_tokens: int) -> list[Probe]:
-    """Probes from held-out steps; the seed is a function of the step id, so re-asking is paired."""
+    """Probes from held-out steps; the seed is a function of the step id, so re-asking is paired.
+    A step with no user message (an agent's turn on its system prompt alone) is no probe: a
+    reply's relevance is measured against what the user asked."""
     return [Probe(step.step_id, step.messages, step.tools, step.prompt_ids, step.temperature,
                   max_tokens,
-                  zlib.crc32(step.step_id.encode())) for step in steps if step.messages]
+                  zlib.crc32(step.step_id.encode()))
+            for step in steps if any(m.get("role") == "user" for m in step.messages or ())]
 
 
 def everyday_probes(render: Any, context: list[dict[str, Any]], n: int, max_tokens: int) -> list[Probe]:

@@ -127,6 +127,8 @@ def insane_because(q: Quality, calibration: Calibration) -> list[str]:
         why.append(f"fluency {shown} < {calibration.fluency_min:.3f}")
     if q.repetition > calibration.repetition_max:
         why.append(f"repetition {q.repetition:.3f} > {calibration.repetition_max:.3f}")
+    if q.echo:
+        why.append("echoes the request")
     return why
 
 

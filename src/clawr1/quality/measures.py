@@ -21,7 +21,8 @@ gets four measures that need no labels and no judge:
   -mean(logp_version). Both at the temperature the reply was sampled at, which is what the
   behaviour logprobs are of.
 
-An empty or whitespace-only reply is never sane, whatever its numbers.
+An empty or whitespace-only reply is never sane, whatever its numbers; nor is an echo (a reply
+made of the request's own words: relevance 1.0, fluent, nothing repeated, and it says nothing).
 """
 
 from __future__ import annotations
@@ -86,10 +87,12 @@ class Quality:
     n_tokens: int
     kl: float | None = None
     entropy: float | None = None
+    echo: bool = False  # `echoes`: the reply repeats the request
 
     def to_dict(self) -> dict[str, Any]:
         return {"relevance": self.relevance, "fluency": self.fluency, "repetition": self.repetition,
-                "empty": self.empty, "n_tokens": self.n_tokens, "kl": self.kl, "entropy": self.entropy}
+                "empty": self.empty, "n_tokens": self.n_tokens, "kl": self.kl, "entropy": self.entropy,
+                "echo": self.echo}
 
 
 TOPIC_TURNS = 2  # user messages a request's topic is read from
@@ -110,6 +113,20 @@ def request_text(messages: Sequence[dict[str, Any]]) -> str:
 def words(text: str) -> list[str]:
     """Lower-cased words (letters, digits, inner apostrophes); punctuation and markup are dropped."""
     return [w.lower() for w in _WORD.findall(text)]
+
+
+ECHO_SHARE = 0.9  # a reply this much of whose words are the request's repeats it
+
+
+def echoes(reply: str, request: str) -> bool:
+    """The reply repeats the request instead of answering it: three words or more, at least
+    `ECHO_SHARE` of them words of the request. ("To pick a ripe avocado, press it gently" shares
+    half its words with "How do I pick a good avocado?"; the question asked back shares all.)"""
+    said = words(reply)
+    if len(said) < 3:
+        return False
+    asked = set(words(request))
+    return sum(word in asked for word in said) >= ECHO_SHARE * len(said)
 
 
 def repetition(text: str, n: int = NGRAM) -> float:

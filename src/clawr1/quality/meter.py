@@ -24,6 +24,7 @@ from clawr1.quality.calibration import Calibration, calibrate
 from clawr1.quality.measures import (
     Quality,
     Reply,
+    echoes,
     entropy_estimate,
     fluency,
     kl_estimate,
@@ -84,7 +85,8 @@ class QualityMeter:
                 entropy = entropy_estimate(reply.logprobs)
             out.append(Quality(relevance=relevance, fluency=fluency(base) if base else None,
                                repetition=repetition(reply.text), empty=reply.empty,
-                               n_tokens=len(reply.token_ids), kl=kl, entropy=entropy))
+                               n_tokens=len(reply.token_ids), kl=kl, entropy=entropy,
+                               echo=echoes(reply.text, request)))
         return out, vectors, requests
 
     def _embed(self, texts: list[str]) -> dict[str, torch.Tensor]:

@@ -219,7 +219,9 @@ def hinted_prompt(chat: Any, step: Step, hint: str, at: str = "user") -> list[in
     front of its own prompt tokens, so the teacher still sees the request it answers."""
     if step.messages:
         return chat.render(with_hint(step.messages, hint, at), step.tools)
-    return chat.tokenizer.encode(f"{HINT_PREFIX.strip()} {hint}\n\n", add_special_tokens=False) + list(step.prompt_ids)
+    prompt = list(step.prompt_ids)
+    head = prompt[:1] if prompt and prompt[0] == chat.tokenizer.bos_token_id else []  # the hint goes after a BOS
+    return head + chat.tokenizer.encode(f"{HINT_PREFIX.strip()} {hint}\n\n", add_special_tokens=False) + prompt[len(head):]
 
 
 def _teacher_rows(policy: Policy, samples: list[TrainSample], index: list[int], at: str = "user") -> Rows:

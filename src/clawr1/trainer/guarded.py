@@ -65,9 +65,11 @@ def zero_adapter(policy: Any) -> None:
 
 
 def protected(root: Path, name: str, promoted: int) -> set[int]:
-    """Versions pruning must spare: the incumbent, a pinned one, a rollback target."""
+    """Versions pruning must spare: the incumbent, a pinned one, a rollback target, and what
+    serves (the guard's newest promoted: one promoted after the trainer stopped waiting for its
+    verdict serves, though the trainer counts an older incumbent)."""
     control = adapters.control(root, name)
-    keep = {promoted}
+    keep = {promoted, adapters.to_serve(root, name)}
     if control.get("pinned") is not None:
         keep.add(int(control["pinned"]))
     if control.get("rollback"):
