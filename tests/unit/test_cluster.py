@@ -73,6 +73,33 @@ def test_ray_pool_writes_return_before_the_actor_answers_and_pending_writes_is_l
     assert [f.result() for f in futures[:2]] == [True, True] and pool.pending_writes() == 0
 
 
+def test_ray_pool_reports_a_failed_step_write_until_one_succeeds_or_the_probe_passes(monkeypatch):
+    """`write_error` is what the gateway's admission asks on every request: a Ray pool whose
+    service cannot write must say so (503s), as a local pool does, with no round trip; the next
+    stored step, or the half-open probe (`check_writable`, forwarded), clears it."""
+    import sqlite3
+    import sys
+    import types
+
+    actor = PoolActor()
+    pool = RayPool(actor)
+    assert pool.write_error() is None
+    pool.submit_step(step("a"))
+    actor.calls[-1][2].answer.set_exception(sqlite3.OperationalError("database or disk is full"))
+    assert pool.write_error() == "OperationalError: database or disk is full"
+    assert [name for name, _, _ in actor.calls] == ["append_step"]  # asking made no call
+    pool.submit_step(step("b"))
+    actor.calls[-1][2].answer.set_result(True)
+    assert pool.write_error() is None
+    pool.submit_step(step("c"))
+    actor.calls[-1][2].answer.set_exception(sqlite3.OperationalError("disk I/O error"))
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(get=lambda ref: ref.answer.result()))
+    probe = threading.Timer(0.05, lambda: actor.calls[-1][2].answer.set_result(None))
+    probe.start()
+    assert pool.check_writable() is None and pool.write_error() is None
+    assert actor.calls[-1][0] == "call" and actor.calls[-1][1][0] == "check_writable"
+
+
 def test_the_watcher_logs_why_a_downed_replica_is_not_back_yet(tiny_model_dir, caplog):
     class Replica:
         """Restarting for one round, then back but unable to load the served adapter once."""

@@ -251,6 +251,39 @@ def test_export_parquet(pool, tmp_path):
     assert pq.read_table(tmp_path / "x.parquet").to_pylist()[1]["prompt"][-1]["content"] == "question 1"
 
 
+def test_export_parquet_takes_tool_call_arguments_as_sent_text_or_object(pool, tmp_path):
+    """The gateway accepts a tool call's arguments as JSON text (OpenAI's form) or as an object:
+    a Parquet column needs one type (and cannot hold an empty object), so they export as text."""
+    pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow is not installed (parquet export is optional)")
+
+    def calling(arguments) -> list[dict]:
+        return [{"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "get", "arguments": arguments}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+
+    pool.append_steps([make_step("a", "A", messages=calling('{"city": "Paris"}')),
+                       make_step("b", "B", messages=calling({"city": "Rome"})), make_step("c", "C", messages=calling({}))])
+    assert pool.export(tmp_path / "x.parquet", "parquet") == 3
+    rows = pq.read_table(tmp_path / "x.parquet").to_pylist()
+    assert [r["prompt"][1]["tool_calls"][0]["function"]["arguments"] for r in rows] == [
+        '{"city": "Paris"}', '{"city": "Rome"}', "{}"]
+
+
+def test_nul_characters_are_stored_on_both_backends(pool):
+    """A reply, a correction or an id with NUL: SQLite stores it, PostgreSQL's text cannot (it was a
+    500 and a lost step there); it stores U+FFFD instead, and a lookup by such an id finds nothing."""
+    nul = make_step("n-0", "N")
+    nul.text = "a\x00b"
+    assert pool.append_step(nul) is True
+    assert pool.add_feedback(session_id="N", score=0.5, correction="use \x00 here") == ["n-0"]
+    assert pool.get_steps(["n-0"])[0].text in ("a\x00b", "a\ufffdb")
+    assert pool.show("n-0")["hints"][0]["text"] in ("use \x00 here", "use \ufffd here")
+    with pytest.raises(UnknownSessionError):
+        pool.add_feedback(session_id="N\x00", score=0.5)
+    assert pool.write_error() is None
+
+
 def test_async_callers_share_group_commits(pool):
     async def main():
         await asyncio.gather(*(asyncio.wrap_future(pool.submit_step(make_step(f"a{i}", f"s{i % 7}", i)))

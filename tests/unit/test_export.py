@@ -153,3 +153,19 @@ def test_cli_export_with_filters_and_pool_export_still_works(pool, tmp_path, cap
     assert [json.loads(line)["step_id"] for line in (tmp_path / "v.jsonl").read_text().splitlines()] == ["b"]
     assert main(["pool", "export", "--data-dir", data, "--out", str(tmp_path / "p.jsonl"), "--rewarded-only"]) == 0
     assert len((tmp_path / "p.jsonl").read_text().splitlines()) == 3
+
+
+def test_commands_that_read_never_create_a_pool_and_name_a_shared_session_by_tenant(pool, tmp_path, capsys):
+    """A mistyped `--data-dir` is an error, not an empty pool created there (exit 1, nothing
+    written); `pool show` of a session id two tenants use asks for, and takes, `--tenant`."""
+    missing = tmp_path / "typo"
+    for argv in (["pool", "stats", "--json"], ["pool", "show", "s1"], ["export", "--out", str(tmp_path / "x.jsonl")]):
+        assert main([*argv, "--data-dir", str(missing)]) == 1, argv
+        assert "no data pool" in capsys.readouterr().err
+    assert not missing.exists()
+    pool.append_step(make_step("f", "s3", 0, 0, 5000.0))  # s3 is acme's too
+    data = str(tmp_path / "data")
+    assert main(["pool", "show", "s3", "--data-dir", data]) == 2
+    assert "--tenant" in capsys.readouterr().err
+    assert main(["pool", "show", "s3", "--tenant", "acme", "--data-dir", data]) == 0
+    assert [s["step_id"] for s in json.loads(capsys.readouterr().out)["steps"]] == ["d"]

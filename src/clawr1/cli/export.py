@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_export(args: argparse.Namespace, config: Config) -> int:
-    from clawr1.datapool import open_pool
+    from clawr1.datapool import open_existing_pool
 
     low, high = args.version or (None, None)
     try:
@@ -79,7 +79,7 @@ def cmd_export(args: argparse.Namespace, config: Config) -> int:
         err_console.print(f"[red]error:[/red] {exc}")
         return 2
     out = args.out or Path("clawr1-export-hf" if args.format == "hf" else f"clawr1-export.{args.format}")
-    with open_pool(config) as pool:
+    with open_existing_pool(config) as pool:
         try:
             with err_console.status(f"Exporting to {out} ..."):
                 rows = pool.export(out, args.format, filters=filters)

@@ -219,9 +219,9 @@ def cmd_run_agent(args: argparse.Namespace, config: Config) -> int:
 
 
 def cmd_pool(args: argparse.Namespace, config: Config) -> int:
-    from clawr1.datapool import open_pool
+    from clawr1.datapool import open_existing_pool
 
-    pool = open_pool(config)
+    pool = open_existing_pool(config)
     try:
         if args.action == "stats":
             from clawr1.engine import adapters
@@ -242,10 +242,13 @@ def cmd_pool(args: argparse.Namespace, config: Config) -> int:
                 err_console.print("[red]error:[/red] pool show needs a session or step id")
                 return 2
             try:
-                shown = pool.show(args.ident)
+                shown = pool.show(args.ident, tenant=args.tenant)
             except KeyError as exc:  # no such step or session
                 err_console.print(f"[red]error:[/red] {exc.args[0]}")
                 return 1
+            except ValueError as exc:  # a session id several tenants use: `--tenant` names one
+                err_console.print(f"[red]error:[/red] {exc} (--tenant NAME)")
+                return 2
             print(json.dumps(shown, indent=2, default=str))
         elif args.action == "export":
             out = args.out or Path(f"clawr1-export.{args.format}")
@@ -450,6 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("action", choices=["stats", "sessions", "show", "export"])
     p.add_argument("ident", nargs="?", help="a session or step id (for show)")
+    p.add_argument("--tenant", help="show: the tenant whose session it is (when several use the id)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl", help="export format")
     p.add_argument("--out", type=Path, help="export file (default clawr1-export.FORMAT)")

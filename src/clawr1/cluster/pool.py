@@ -22,6 +22,7 @@ class _RayPoolBase(DataPool):
         self.actor = actor
         self._in_flight = 0  # writes submitted and not yet answered (see `pending_writes`)
         self._lock = threading.Lock()  # futures resolve on Ray's threads
+        self._write_error: str | None = None  # why the service's last step write failed (`write_error`)
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         import ray
@@ -43,7 +44,26 @@ class _RayPoolBase(DataPool):
     def submit_step(self, step: Step) -> Future[bool]:
         if not isinstance(step, Step):
             raise TypeError(f"expected a Step, got {type(step).__name__}")
-        return self._track(self.actor.append_step.remote(step))
+        future = self._track(self.actor.append_step.remote(step))
+        future.add_done_callback(self._step_answered)
+        return future
+
+    def _step_answered(self, future: Future) -> None:
+        """A step append is always a valid write: its failure is the service's pool failing (a
+        full disk, an I/O error, the actor gone), its success proves the pool writes again."""
+        error = None if future.cancelled() else future.exception()
+        self._write_error = None if error is None else f"{type(error).__name__}: {error}"
+
+    def write_error(self) -> str | None:
+        """As a local pool's, with no round trip: learned from this client's own step appends
+        (the gateway then refuses requests, 503, instead of answering ones whose steps are lost)."""
+        return self._write_error
+
+    def check_writable(self) -> str | None:
+        error = self._call("check_writable")
+        if error is None:
+            self._write_error = None
+        return error
 
     def submit_reward(self, reward: Reward) -> Future[None]:
         if not isinstance(reward, Reward):
@@ -75,7 +95,7 @@ def _forward(name: str) -> Any:
 
 # Every other method of the two contracts goes to the service as it is: the queue's (the gateway,
 # the judges, the trainer) and the read model's (the dashboard, the CLI).
-_FORWARDED = tuple(sorted((PoolQueue.__abstractmethods__ | PoolReadModel.__abstractmethods__
-                           | {"check_writable"}) - set(vars(_RayPoolBase))))
+_FORWARDED = tuple(sorted((PoolQueue.__abstractmethods__ | PoolReadModel.__abstractmethods__)
+                          - set(vars(_RayPoolBase))))
 RayPool = type("RayPool", (_RayPoolBase,), {name: _forward(name) for name in _FORWARDED})
 RayPool.__doc__ = "`DataPool` over the pool service actor."

@@ -4,6 +4,7 @@ queue of samples the trainer leases. `SQLitePool` is the embedded implementation
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clawr1.datapool.base import (
@@ -19,6 +20,14 @@ from clawr1.datapool.sqlite import POOL_FILE, SQLitePool
 
 if TYPE_CHECKING:
     from clawr1.core.config import Config
+
+
+def open_existing_pool(config: Config) -> DataPool:
+    """`open_pool` for a command that only reads (stats, show, export): where there is no pool
+    (a mistyped `--data-dir`) it raises FileNotFoundError instead of creating an empty one."""
+    if config.pool.backend == "sqlite" and not (Path(config.data_dir) / POOL_FILE).exists():
+        raise FileNotFoundError(f"no data pool at {config.data_dir} ({POOL_FILE} is missing): check --data-dir")
+    return open_pool(config)
 
 
 def open_pool(config: Config) -> DataPool:
@@ -48,5 +57,6 @@ __all__ = [
     "UnknownLeaseError",
     "UnknownSessionError",
     "UnknownStepError",
+    "open_existing_pool",
     "open_pool",
 ]

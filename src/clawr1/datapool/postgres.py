@@ -100,6 +100,13 @@ class Cursor:
         return iter(self.fetchall())
 
 
+def _storable(value: Any) -> Any:
+    """PostgreSQL's text cannot hold NUL, which SQLite's can (a reply, a correction, an id a client
+    sent): it is stored as U+FFFD, so the write succeeds on both backends (the step's token ids,
+    what trains, are exact either way) and a lookup by such an id finds nothing, as it would."""
+    return value.replace("\x00", "\ufffd") if isinstance(value, str) and "\x00" in value else value
+
+
 class PgConnection:
     """The part of `sqlite3.Connection` the pool's ops use, over a psycopg connection."""
 
@@ -112,6 +119,7 @@ class PgConnection:
     def execute(self, sql: str, params: Any = ()) -> Cursor:
         query, named = _translate(sql)
         cursor = self._conn.cursor()
+        params = [_storable(v) for v in params]
         cursor.execute(query, {f"p{i}": v for i, v in enumerate(params, 1)} if named else tuple(params))
         self._count(cursor)
         return Cursor(cursor)
@@ -119,6 +127,7 @@ class PgConnection:
     def executemany(self, sql: str, rows: Any) -> Cursor:
         query, named = _translate(sql)
         cursor = self._conn.cursor()
+        rows = [[_storable(v) for v in r] for r in rows]
         cursor.executemany(query, [{f"p{i}": v for i, v in enumerate(r, 1)} if named else tuple(r) for r in rows])
         self._count(cursor)
         return Cursor(cursor)

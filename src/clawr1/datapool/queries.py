@@ -245,7 +245,7 @@ def export_rows(conn: sqlite3.Connection, filters: ExportFilter) -> Iterator[dic
             "t.tools, t.text, t.finish_reason, t.created_at, n.messages AS next_messages, s.reward, s.status, "
             f"{_HINT} AS hint FROM steps t JOIN samples s ON s.step_id = t.step_id "
             f"LEFT JOIN steps n ON n.step_id = s.next_step_id WHERE {' AND '.join(where)} ORDER BY t.rowid", params):
-        prompt = [{**m, "content": _text_content(m.get("content"))} for m in json.loads(row["messages"])]
+        prompt = [_export_message(m) for m in json.loads(row["messages"])]
         next_messages = None if row["next_messages"] is None else json.loads(row["next_messages"])
         yield {
             "prompt": prompt,
@@ -259,6 +259,24 @@ def export_rows(conn: sqlite3.Connection, filters: ExportFilter) -> Iterator[dic
             "finish_reason": row["finish_reason"], "status": row["status"],
             "next_state": None if next_messages is None else dumps(next_state_of(next_messages)),
         }
+
+
+def _export_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A stored message as an export row holds it: text content, and tool-call arguments as JSON
+    text (OpenAI's form; clients may send an object, and a column needs one type: Parquet cannot
+    mix text and objects, nor write an empty object)."""
+    out = {**message, "content": _text_content(message.get("content"))}
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        out["tool_calls"] = [_call_with_text_arguments(call) for call in calls]
+    return out
+
+
+def _call_with_text_arguments(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or isinstance(function.get("arguments"), str):
+        return call
+    return {**call, "function": {**function, "arguments": json.dumps(function.get("arguments", {}))}}
 
 
 def export(conn: sqlite3.Connection, path: Path, format: str, filters: ExportFilter) -> int:
