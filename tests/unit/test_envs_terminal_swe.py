@@ -4,7 +4,11 @@ makes the tests pass."""
 
 from __future__ import annotations
 
+import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -13,6 +17,8 @@ from clawr1.envs.base import Task
 from clawr1.envs.checks import CheckContext, check
 from clawr1.envs.swe import SWEEnv
 from clawr1.envs.terminal import TerminalEnv
+
+T = TypeVar("T")
 
 TERMINAL_SOLUTIONS: dict[str, tuple[str, str]] = {  # task id -> (shell command, final answer)
     "create-hello": ("echo 'hello world' > hello.txt", "done"),
@@ -125,3 +131,64 @@ def test_swe_file_tools_stay_inside_the_workspace_and_report_mistakes() -> None:
         assert reply.startswith("Error: `old` occurs 0 times")
         assert env.call("replace_in_file", {"path": "mathutil.py", "old": "a"}).startswith("Error: replace_in_file is "
                                                                                            "missing required")
+
+
+def test_swe_tests_skipped_on_import_do_not_pass() -> None:
+    task = load_tasks(builtin_tasks("swe"))[0]
+    with SWEEnv() as env:
+        env.reset(task)
+        skip = "import unittest\nraise unittest.SkipTest('later')\n"
+        assert env.call("write_file", {"path": "mathutil.py", "content": skip}).startswith("wrote")
+        assert "OK (skipped=1)" in env.call("run_tests", {})
+        assert env.outcome("done") == -1.0
+
+
+def _unless_blocked_on(fifo: Path, call: Callable[[], T]) -> T:
+    """`call()`, failing (not hanging) if it blocks writing into `fifo`, which waits for a reader."""
+    result: list[T] = []
+    worker = threading.Thread(target=lambda: result.append(call()), daemon=True)
+    worker.start()
+    worker.join(30)
+    hung = worker.is_alive()
+    if hung and fifo.is_fifo():  # a reader comes and goes: the writer gets EPIPE and the thread ends
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+    assert not hung, f"blocked writing into {fifo.name}"
+    assert result, "the call raised"
+    return result[0]
+
+
+@pytest.mark.parametrize("plant", ["directory", "fifo", "symlink"])
+def test_swe_outcome_restores_tests_over_whatever_replaced_them(plant: str, tmp_path: Path) -> None:
+    task = load_tasks(builtin_tasks("swe"))[0]
+    path, old, new = SWE_FIXES[task.id]
+    with SWEEnv() as env:
+        env.reset(task)
+        assert env.call("replace_in_file", {"path": path, "old": old, "new": new}).startswith("replaced 1")
+        test_file = env.workdir / next(name for name in task.files if name.startswith("test"))
+        test_file.unlink()
+        if plant == "directory":
+            (test_file / "inner").mkdir(parents=True)
+        elif plant == "fifo":
+            os.mkfifo(test_file)
+        else:
+            test_file.symlink_to(tmp_path / "elsewhere.py")
+        assert _unless_blocked_on(test_file, lambda: env.outcome("fixed")) == 1.0
+        assert test_file.is_file() and not test_file.is_symlink()
+    assert not (tmp_path / "elsewhere.py").exists()
+
+
+@pytest.mark.parametrize(("arguments", "expected"), [
+    ({"path": "mathutil.py/x.py", "content": "x"}, "Error: cannot write 'mathutil.py/x.py'"),
+    ({"path": "a.py", "content": "\ud800"}, "Error: content is not valid text"),
+    ({"path": "pipe", "content": "x"}, "Error: 'pipe' is a directory or another non-regular file"),
+])
+def test_swe_write_file_reports_what_it_cannot_write(arguments: dict[str, str], expected: str) -> None:
+    task = load_tasks(builtin_tasks("swe"))[0]
+    with SWEEnv() as env:
+        env.reset(task)
+        os.mkfifo(env.workdir / "pipe")
+        reply = _unless_blocked_on(env.workdir / "pipe", lambda: env.call("write_file", arguments))
+        assert reply.startswith(expected), reply
+        (env.workdir / "latin1.py").write_bytes(b"x = '\xe9'\n")
+        reply = env.call("replace_in_file", {"path": "latin1.py", "old": "x", "new": "y"})
+        assert reply.startswith("Error: 'latin1.py' is not UTF-8 text")

@@ -50,6 +50,10 @@ def _env(files: dict[str, str] | None = None) -> ToolCallEnv:
     ("calculator", {"expression": "10 % 0"}, "division by zero"),
     ("calculator", {"expression": "__import__('os').system('true')"}, "unsupported expression"),
     ("calculator", {"expression": "9 ** 9 ** 9"}, "too large"),
+    # Python computes 10**N for round(int, -N) holding the GIL (N = 10**9 never returns)
+    ("calculator", {"expression": "round(5, -10**5)"}, "ndigits -100000 is out of range"),
+    ("calculator", {"expression": "(2 ** 4000) ** 999"}, "too large"),
+    ("calculator", {"expression": "(3 ** 999) ** 999"}, "too large"),
     ("calculator", {"expression": "1 +"}, "cannot parse"),
     ("search", {"query": "x", "k": True}, "'k' must be of type integer, got bool"),
     ("search", {"query": "x", "k": 50}, "'k' must be <= 10"),

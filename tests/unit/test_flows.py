@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from clawr1.core.config import load_config
+from clawr1.core.config import Config, EnvsConfig, load_config
 from clawr1.engine import adapters
 from clawr1.envs.base import Env, Task
 from clawr1.flows import AgentFlow, ToolAgentFlow, load_flow
@@ -170,6 +170,22 @@ def test_tool_agent_runs_tool_calls_until_a_final_answer():
     sent.clear()
     assert ToolAgentFlow(max_turns=2, env_factory=lambda task: env).run(TASKS[0], client) == -1.0
     assert len(sent) == 2
+
+
+def test_tool_agent_takes_max_turns_from_the_config_unless_given():
+    calls = []
+
+    def create(**kwargs):  # a model that never stops calling tools
+        calls.append(kwargs)
+        call = SimpleNamespace(id=f"c{len(calls)}", function=SimpleNamespace(name="add", arguments="{}"))
+        return SimpleNamespace(id="c", system_fingerprint="", choices=[SimpleNamespace(
+            message=SimpleNamespace(content=None, tool_calls=[call]))])
+
+    client = SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
+    config = Config(envs=EnvsConfig(max_turns=3))
+    assert ToolAgentFlow(config, env_factory=lambda task: CoinEnv()).episode(TASKS[0], client).turns == 3
+    assert len(calls) == 3
+    assert ToolAgentFlow(config, max_turns=2).max_turns == 2  # an explicit value (`--max-turns`) wins
 
 
 class Undecided(AgentFlow):

@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -106,6 +109,17 @@ def test_an_agent_past_the_wall_time_is_killed(tmp_path):
                                  tmp_path, {}, timeout_s=1.0)
     assert status == "timeout" and out.strip() == "started"
     assert run_process([sys.executable, "-c", "raise SystemExit(3)"], tmp_path, {}, 10)[0] == "exit 3"
+
+
+def test_the_wall_time_bounds_a_run_whose_escaped_grandchild_holds_the_pipes(tmp_path):
+    started = time.monotonic()
+    status, out, err = run_process(["sh", "-c", "setsid sleep 20 & echo $!"], tmp_path, {}, 1)
+    try:
+        assert status == "timeout"
+        assert time.monotonic() - started < 8  # not the 20 s the grandchild lives
+        assert "still held the output open" in err
+    finally:
+        os.kill(int(out.split()[0]), signal.SIGKILL)  # the grandchild escaped the group kill by design
 
 
 def test_no_gateway_fails_before_any_agent_runs(tmp_path):

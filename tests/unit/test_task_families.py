@@ -10,6 +10,7 @@ import pytest
 
 from clawr1.envs import builtin_tasks, load_tasks, make_env, task_set
 from clawr1.envs.base import Task
+from clawr1.envs.checks import CheckContext, check
 from clawr1.envs.families import generate, registry
 
 TOOLCALL = [name for name, fam in registry().items() if fam.env == "toolcall"]
@@ -89,3 +90,20 @@ def test_task_set_mixes_several_families_and_caps_every_kind_of_set(tmp_path) ->
         task_set(str(tmp_path / "missing.jsonl"))
     with pytest.raises(ValueError, match="n must be"):
         task_set("toolcall", n=0)
+
+
+@pytest.mark.parametrize(("expected", "answer", "solved"), [
+    ("66", "The answer is 66.", True), ("66", "66, I think", True), ("66", "-66", False), ("66", "66.5", False),
+    ("66", "0.66", False), ("66", "3,966", False), ("66", "66,000", False), ("4851", "It is 4,851.", True),
+    ("2,845", "2845 metres", True), ("2,845", "2,845", True), ("-12", "It is -12", True), ("-12", "12", False),
+    ("2.5", "2.5 kg", True), ("2.5", "12.5", False), ("tern", "the western gull", False), ("tern", "A Tern.", True),
+    ("seven", "seventeen minutes", False), ("42", "420 minutes", False), ("42", "42 minutes", True),
+])
+def test_whole_word_answers_match_whole_numbers_and_words(expected: str, answer: str, solved: bool) -> None:
+    spec = {"type": "answer_contains", "text": expected, "whole_word": True}
+    assert check(spec, CheckContext(final_answer=answer)) is solved
+
+
+def test_search_answers_are_checked_as_whole_words() -> None:
+    tasks = [t for split in ("train", "heldout") for t in generate("search-answer", split)]
+    assert tasks and all(t.check.get("whole_word") for t in tasks)

@@ -56,6 +56,7 @@ from clawr1.flows.rollouts import (
 from clawr1.reward.types import Judge
 
 STDERR_TAIL = 800
+KILL_GRACE_S = 2.0  # how long output may still come after the wall-time kill
 
 
 def final_answer(stdout: str) -> str | None:
@@ -73,9 +74,31 @@ def run_process(command: list[str], cwd: Path, env: dict[str, str], timeout_s: f
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
+        out, err = _after_kill(proc)
         return "timeout", out, err
     return ("ok" if proc.returncode == 0 else f"exit {proc.returncode}"), out, err
+
+
+def _after_kill(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """What a killed run wrote. A grandchild that left the process group (`setsid`) escapes the
+    kill and can hold the pipes open for as long as it lives, so the wait for their end is
+    bounded; past it the pipes are closed on it and the output so far is what the run wrote."""
+    try:
+        return proc.communicate(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired as exc:
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        proc.wait()
+        note = f"\n[a process that left the group still held the output open {KILL_GRACE_S:g} s after the kill]"
+        return _decoded(exc.stdout), _decoded(exc.stderr) + note
+
+
+def _decoded(data: bytes | str | None) -> str:
+    """`TimeoutExpired` carries the raw bytes read so far, even from a text-mode `communicate`."""
+    if isinstance(data, bytes):
+        return data.decode("utf-8", errors="replace")
+    return data or ""
 
 
 def run_one(command: list[str], root: str, api_key: str | None, rollout: Rollout, make_env: EnvFactory,

@@ -16,6 +16,7 @@ from clawr1.envs.tools import ToolError
 MAX_CHARS = 500
 MAX_EXPONENT = 1000
 MAX_INT_BITS = 4096
+MAX_NDIGITS = 1000
 
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -53,8 +54,8 @@ def _eval(node: ast.AST) -> int | float:
         return _UNARY[type(node.op)](_eval(node.operand))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
         left, right = _eval(node.left), _eval(node.right)
-        if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
-            raise ToolError(f"exponent {right} is too large (at most {MAX_EXPONENT})")
+        if isinstance(node.op, ast.Pow):
+            _check_power(left, right)
         try:
             value = _BINARY[type(node.op)](left, right)
         except ZeroDivisionError:
@@ -64,12 +65,31 @@ def _eval(node: ast.AST) -> int | float:
         return _bounded(value)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS and not node.keywords:
         args = [_eval(a) for a in node.args]
+        if node.func.id == "round":
+            _check_round(args)
         try:
             return _bounded(_FUNCS[node.func.id](*args))
         except (TypeError, ValueError, OverflowError) as err:
             raise ToolError(f"{node.func.id}: {err}") from None
     raise ToolError(f"unsupported expression: {ast.unparse(node)!r} (numbers, + - * / // % **, parentheses, "
                     f"{', '.join(_FUNCS)} only)")
+
+
+def _check_power(base: float, exponent: float) -> None:  # float: int included (PEP 484)
+    """Refuse a power whose integer result would be too large before Python computes it: the
+    size check on the result comes too late for `(2**4000) ** 999`, which is millions of bits."""
+    if abs(exponent) > MAX_EXPONENT:
+        raise ToolError(f"exponent {exponent} is too large (at most {MAX_EXPONENT})")
+    if isinstance(base, int) and isinstance(exponent, int) and exponent > 0 \
+            and (base.bit_length() - 1) * exponent > MAX_INT_BITS:
+        raise ToolError("result is too large")
+
+
+def _check_round(args: list[int | float]) -> None:
+    """`round(int, -n)` computes 10**n before anything can check the result, holding the GIL
+    (n = 10**9 never returns), so `ndigits` is bounded first."""
+    if len(args) == 2 and isinstance(args[1], int) and abs(args[1]) > MAX_NDIGITS:
+        raise ToolError(f"round: ndigits {args[1]} is out of range (at most {MAX_NDIGITS} either way)")
 
 
 def _bounded(value: Any) -> int | float:

@@ -8,7 +8,8 @@ Specs are small JSON objects with a `type`:
 - `file_exists` / `file_absent` {path}: a regular file is there / nothing is there;
 - `command` {command}: a check command run in the sandbox exits 0;
 - `answer_contains` {text, whole_word?}: the final answer contains `text` (case-insensitive;
-  `whole_word` stops "3" from matching "13");
+  `whole_word` stops "3" from matching "13", "-3" or "3.5", and "tern" from matching "western";
+  a number may be written with thousands separators, "4,851");
 - `kv_equals` {key, value}: the tool-call env's store holds `value` under `key` (compared
   stripped and case-folded); `value: null` means the key must be absent;
 - `all` {checks: [...]}: every sub-check passes.
@@ -83,10 +84,29 @@ def _file_check(kind: str, spec: dict[str, Any], workdir: Path) -> bool:
     return True  # file_exists
 
 
+_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?")
+
+
 def _answer_contains(answer: str, text: str, whole_word: bool) -> bool:
-    if whole_word:
-        return re.search(rf"(?<!\w){re.escape(text)}(?!\w)", answer, flags=re.IGNORECASE) is not None
-    return text.casefold() in answer.casefold()
+    if not whole_word:
+        return text.casefold() in answer.casefold()
+    if _NUMBER.fullmatch(text.strip()):
+        pattern = _number_pattern(text.strip())
+    else:
+        pattern = rf"(?<!\w){re.escape(text)}(?!\w)"
+    return re.search(pattern, answer, flags=re.IGNORECASE) is not None
+
+
+def _number_pattern(number: str) -> str:
+    """A whole number: thousands separators are optional ("4,851" is 4851), but a sign, digits or
+    a decimal part around it make it another number ("-66", "0.66", "66.5", "3,966" are not 66).
+    A full stop or comma that ends a sentence or clause is still fine ("It is 66.")."""
+    sign = "-" if number.startswith("-") else ""
+    whole, dot, fraction = number.removeprefix("-").replace(",", "").partition(".")
+    head = len(whole) % 3 or 3
+    groups = [whole[:head]] + [whole[i:i + 3] for i in range(head, len(whole), 3)]
+    body = re.escape(sign) + ",?".join(groups) + (r"\." + fraction if dot else "")
+    return rf"(?<![\w.-])(?<!\d,){body}(?!\w)(?![.,]\d)"
 
 
 def _norm(value: str) -> str:

@@ -13,7 +13,9 @@ set is for do not.)
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from pathlib import Path
 
 from clawr1.envs.sandbox import SandboxResult
@@ -37,10 +39,12 @@ _TOOLS = [
 
 
 def tests_passed(result: SandboxResult) -> bool:
-    """unittest exited 0 on its own and reported at least one test run and `OK`."""
+    """unittest exited 0 on its own and reported at least one test run and a bare `OK`: `OK
+    (skipped=1)` does not count, since a module under test that raises `unittest.SkipTest` on
+    import skips the tests instead of passing them."""
     ran = re.search(r"^Ran (\d+) tests? in ", result.stderr, flags=re.MULTILINE)
     return (result.exit_code == 0 and result.killed is None and ran is not None and int(ran.group(1)) > 0
-            and re.search(r"^OK\b", result.stderr, flags=re.MULTILINE) is not None)
+            and re.search(r"^OK$", result.stderr, flags=re.MULTILINE) is not None)
 
 
 class SWEEnv(SandboxEnv):
@@ -59,24 +63,31 @@ class SWEEnv(SandboxEnv):
         return text if len(text) <= keep else text[:keep] + f"\n[... {len(text) - keep} more characters cut]"
 
     def tool_write_file(self, path: str, content: str) -> str:
-        if len(content.encode()) > self.config.disk_mb << 20:
+        data = _encode(content)
+        if len(data) > self.config.disk_mb << 20:
             raise ToolError(f"content is larger than {self.config.disk_mb} MB")
         file = inside(self._box().workdir, path)
-        if file.is_dir():
-            raise ToolError(f"{path!r} is a directory")
-        file.parent.mkdir(parents=True, exist_ok=True)
-        file.write_text(content, encoding="utf-8")
+        if file.exists() and not file.is_file():  # a FIFO would block the write until a reader comes
+            raise ToolError(f"{path!r} is a directory or another non-regular file")
+        try:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.write_bytes(data)
+        except OSError as err:  # e.g. a parent that is a file: `mathutil.py/x.py`
+            raise ToolError(f"cannot write {path!r}: {err.strerror or err}") from None
         return f"wrote {len(content)} characters to {path}"
 
     def tool_replace_in_file(self, path: str, old: str, new: str) -> str:
         file = inside(self._box().workdir, path)
         if not file.is_file():
             raise ToolError(f"no such file {path!r}")
-        text = file.read_text(encoding="utf-8")
+        try:
+            text = file.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ToolError(f"{path!r} is not UTF-8 text; use write_file to replace it whole") from None
         count = text.count(old) if old else 0
         if count != 1:
             raise ToolError(f"`old` occurs {count} times in {path}; it must occur exactly once (add context)")
-        file.write_text(text.replace(old, new, 1), encoding="utf-8")
+        file.write_bytes(_encode(text.replace(old, new, 1)))
         return f"replaced 1 occurrence in {path}"
 
     def tool_run_tests(self) -> str:
@@ -85,8 +96,25 @@ class SWEEnv(SandboxEnv):
     def outcome(self, final_answer: str | None = None) -> float:
         task, box = self._started()
         tests = {k: v for k, v in task.files.items() if Path(k).name.startswith("test")}
-        for rel in tests:  # a planted symlink would make the restore write elsewhere: replace it
-            if (box.workdir / rel).is_symlink():
-                (box.workdir / rel).unlink()
+        for rel in tests:
+            _remove(box.workdir / rel)
         write_files(box.workdir, tests)
         return 1.0 if tests_passed(box.run(TEST_COMMAND)) else -1.0
+
+
+def _encode(text: str) -> bytes:
+    """`text` as UTF-8, or a `ToolError` for what has no encoding (a lone surrogate such as
+    "\\ud800", which JSON arguments can carry)."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ToolError(f"content is not valid text ({err.reason} at position {err.start})") from None
+
+
+def _remove(path: Path) -> None:
+    """Remove whatever the agent's code left where a test file is restored: a symlink would make
+    the restore write elsewhere, a directory makes it raise, and a FIFO blocks it forever."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()

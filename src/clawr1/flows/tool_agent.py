@@ -23,11 +23,14 @@ if TYPE_CHECKING:
 class ToolAgentFlow(AgentFlow):
     name = "tool-agent"
 
-    def __init__(self, config: Config | None = None, *, max_turns: int = 8, max_tokens: int | None = None,
+    def __init__(self, config: Config | None = None, *, max_turns: int | None = None, max_tokens: int | None = None,
                  temperature: float = 1.0, model: str = "policy", env_factory: EnvFactory | None = None):
-        """`max_turns` bounds the model calls of a rollout; `env_factory(task)` builds its env
-        (default: the env the task names)."""
+        """`max_turns` bounds the model calls of a rollout (default: the config's `envs.max_turns`,
+        so that a flow built from a config alone, as `train-flow` does, follows it);
+        `env_factory(task)` builds its env (default: the env the task names)."""
         super().__init__(config)
+        if max_turns is None:
+            max_turns = self.config.envs.max_turns
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.max_turns, self.max_tokens, self.temperature, self.model = max_turns, max_tokens, temperature, model

@@ -18,6 +18,7 @@ A gateway with keys needs neither rule: a page has no key, and the dashboard's l
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Mapping
 from urllib.parse import urlsplit
@@ -55,6 +56,7 @@ def _foreign(origin: str, host: str) -> bool:
     return bool(parts.scheme and parts.netloc) and parts.netloc.lower() != host.lower()
 
 
+@functools.lru_cache(maxsize=256)  # a gateway sees a handful of host names, on every request
 def _loopback(host: str) -> bool:
     """`localhost`, `*.localhost`, or a loopback address, with or without a port."""
     name = host.rsplit("]", 1)[0].lstrip("[") if host.startswith("[") else host.rsplit(":", 1)[0]

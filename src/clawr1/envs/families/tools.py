@@ -155,7 +155,8 @@ def search_answer(rng: random.Random, level: int, heldout: bool):
     wording = rng.choice(_ASK_HELDOUT if heldout else _ASK_TRAIN)
     calls = [_call("search", query=words)]
     prompt = wording.format(q=about) + spell(level, calls, heldout)
-    return prompt, {}, {"type": "answer_contains", "text": answer}, _solution(calls, answer), f"search:{wording}"
+    # whole words: "western gull" does not name the "tern", nor "420" the "42"
+    return prompt, {}, _answer(answer), _solution(calls, answer), f"search:{wording}"
 
 
 # -- multi-step: two or three tools -------------------------------------------------------------
