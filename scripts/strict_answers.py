@@ -4,8 +4,8 @@
 
 A demo run keeps every held-out reply verbatim (`before` and `after`), so the check can be run
 again on them: for each run, before -> after, the share of replies that answer the question
-(the users' verdict, `questions.non_answer`, as stored), the share that also say something the question did not
-(`questions.substantive`), and the headline (preferred and sane) beside the same headline with
+(the users' verdict, `questions.non_answer`, as stored), the share that also say something the
+question did not (`questions.substantive`), and the headline (preferred and sane) beside the same headline with
 that check added. Numbers only: no model is loaded.
 """
 

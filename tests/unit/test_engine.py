@@ -378,7 +378,7 @@ def test_a_stream_is_ready_exactly_when_its_next_event_needs_no_wait():
     from clawr1.engine.queued import QueuedStream
 
     async def go():
-        stream = QueuedStream(asyncio.Queue(), 0)
+        stream = QueuedStream(asyncio.Queue(), Generation(prompt_ids=[1]))
         seen = [stream.ready()]  # nothing sampled yet
         stream.out.put_nowait(TokenEvent(7, -0.5, "a"))
         seen.append(stream.ready())

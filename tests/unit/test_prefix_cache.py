@@ -287,7 +287,7 @@ def test_a_request_is_served_before_the_reprefills_queued_ahead_of_it(tiny_model
 def test_a_replaced_versions_half_done_rewarm_restarts_from_nothing_under_the_new_one(tiny_model_dir):
     """Its KV so far is the old weights': the new version's re-warm of the same prompt starts empty,
     and the old one's partial entry (a prefix of that prompt) takes no place of its own."""
-    from clawr1.engine.local import _Rewarm
+    from clawr1.engine.requests import Rewarm as _Rewarm
 
     engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, prefix_rewarm=2))
     ids = list(range(10, 40))
@@ -335,7 +335,7 @@ def test_a_request_starting_from_a_half_done_rewarm_has_exact_logprobs(tiny_mode
 
 def test_a_rewarm_whose_prompt_a_request_cached_meanwhile_ends_without_a_chunk(tiny_model_dir):
     """The agent's next turn arrived mid-way and filed a prompt extending it: nothing is left to do."""
-    from clawr1.engine.local import _Rewarm
+    from clawr1.engine.requests import Rewarm as _Rewarm
 
     engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1))
     ids = list(range(10, 40))

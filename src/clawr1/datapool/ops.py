@@ -201,13 +201,12 @@ def _apply(conn: sqlite3.Connection, step_id: str, score: float) -> None:
         conn.execute("UPDATE samples SET reward = ?, updated_at = ?, status = 'ready', "
                      "ready_at = CASE WHEN status = 'ready' THEN ready_at ELSE ? END "  # keeps its place in line
                      "WHERE step_id = ? AND status IN ('pending', 'ready')", (score, now, now, step_id))
-    else:
-        conn.execute("UPDATE samples SET reward = 0, updated_at = ?, "
-                     "status = CASE WHEN EXISTS (SELECT 1 FROM hints h WHERE h.step_id = samples.step_id) "
-                     "THEN 'ready' ELSE 'pending' END, "
-                     "ready_at = CASE WHEN EXISTS (SELECT 1 FROM hints h WHERE h.step_id = samples.step_id) "
-                     "THEN coalesce(ready_at, ?) END "
+    elif conn.execute("SELECT 1 FROM hints WHERE step_id = ? LIMIT 1", (step_id,)).fetchone() is not None:
+        conn.execute("UPDATE samples SET reward = 0, updated_at = ?, status = 'ready', ready_at = coalesce(ready_at, ?) "
                      "WHERE step_id = ? AND status IN ('pending', 'ready')", (now, now, step_id))
+    else:
+        conn.execute("UPDATE samples SET reward = 0, updated_at = ?, status = 'pending', ready_at = NULL "
+                     "WHERE step_id = ? AND status IN ('pending', 'ready')", (now, step_id))
 
 
 def _effective_score(conn: sqlite3.Connection, step_id: str) -> float | None:

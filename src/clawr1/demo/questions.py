@@ -225,8 +225,8 @@ def substantive(question: str, reply: str) -> bool:
     asked; with seed 1, 10 pass and 12 fail, two of them fairly (a French press for cold brew; an
     app and a night's sleep for studying), so it is a floor, not a grader. On 192 base replies
     (`base_rates --per-question 24`) 0.46 pass: on 24 replies the rate moves by +-0.1 by sampling
-    alone. A question with no
-    listed topic words, or whose own words match every one, cannot be judged: True.
+    alone. A question with no listed topic words, or whose own words match every one, cannot be
+    judged: True.
     """
     asked = words(question)
     new = [stem for stem in topic_of(question).words if not any(mentions(w, stem) for w in asked)]

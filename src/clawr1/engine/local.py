@@ -28,7 +28,6 @@ import queue
 import random
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -52,7 +51,7 @@ from clawr1.engine import adapters as store
 from clawr1.engine.batch import KVBatch, sample
 from clawr1.engine.frontend import Frontend
 from clawr1.engine.prefix import PrefixCache
-from clawr1.engine.queued import QueuedStream
+from clawr1.engine.requests import LocalStream, Prefill, Request, Rewarm
 from clawr1.engine.slots import AdapterSlots, Read
 from clawr1.engine.text import Advance
 from clawr1.engine.tokenizer import load_tokenizer
@@ -61,64 +60,6 @@ log = logging.getLogger(__name__)
 BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 EXIT_JOIN_S = 60.0  # at interpreter exit, the longest wait for the step in progress to end
-
-
-@dataclass(eq=False)
-class _Request:
-    prompt_ids: list[int]
-    sampling: SamplingParams
-    key: str  # peft adapter name, or BASE
-    gen: Generation
-    loop: asyncio.AbstractEventLoop
-    out: asyncio.Queue
-    generator: torch.Generator
-    advance: Advance  # the token-advance rule: text, stops, length, what may stream
-    cancelled: bool = False
-    last_token: int = -1
-
-    def send(self, item: Any) -> None:
-        if self.loop.is_closed():  # its caller is gone: stop generating rather than kill the thread
-            self.cancelled = True
-            return
-        self.loop.call_soon_threadsafe(self.out.put_nowait, item)
-
-
-@dataclass(eq=False)
-class _Prefill:
-    """A request being admitted: its cache so far and how many prompt tokens it holds."""
-
-    request: _Request
-    cache: DynamicCache | None  # None until its first chunk looks up the prefix cache
-    done: int = 0
-
-
-@dataclass(eq=False)
-class _Rewarm:
-    """A prompt the replaced weights had cached, being prefilled again under `key`'s new ones."""
-
-    key: str
-    ids: list[int]
-    cache: DynamicCache | None = None  # None until its first chunk looks up the prefix cache
-    done: int = 0
-
-
-class LocalStream(QueuedStream):
-    """Async iterator over a request's TokenEvents (the scheduler thread feeds it); `final()`
-    returns the Generation."""
-
-    def __init__(self, request: _Request):
-        super().__init__(request.out, request.gen.version)
-        self._request = request
-
-    @property
-    def version(self) -> int:
-        """The version that samples it: a base-model request queued across a weights swap is
-        sampled (and labelled, `_admit`) by the weights of when it is admitted."""
-        return self._request.gen.version
-
-    def cancel(self) -> None:
-        """Stop generating; the Generation finishes with `finish_reason="aborted"`."""
-        self._request.cancelled = True
 
 
 class LocalEngine(Frontend):
@@ -135,12 +76,12 @@ class LocalEngine(Frontend):
         self._holds: collections.Counter[str] = collections.Counter()  # slot -> requests using it
         self._lock = threading.Lock()
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
-        self._waiting: collections.deque[_Request] = collections.deque()
-        self._running: list[_Request] = []
-        self._prefill: _Prefill | None = None  # the request being admitted, chunk by chunk
+        self._waiting: collections.deque[Request] = collections.deque()
+        self._running: list[Request] = []
+        self._prefill: Prefill | None = None  # the request being admitted, chunk by chunk
         self._batch = KVBatch(self._base.device)
         self._prefix = PrefixCache(config.prefix_cache_mb * 2**20)
-        self._rewarm: collections.deque[_Rewarm] = collections.deque()  # idle-time work, oldest first
+        self._rewarm: collections.deque[Rewarm] = collections.deque()  # idle-time work, oldest first
         self._pending = 0  # submitted but not yet finished, for backpressure
         self._seeds = random.Random()
         self._weights_version = 0
@@ -172,7 +113,7 @@ class LocalEngine(Frontend):
         key, version = self._resolve(adapter)
         seed = sampling.seed if sampling.seed is not None else self._seeds.getrandbits(63)
         loop = asyncio.get_running_loop()
-        request = _Request(
+        request = Request(
             prompt_ids=list(prompt_ids), sampling=sampling, key=key,
             gen=Generation(prompt_ids=list(prompt_ids), adapter=adapter, version=version,
                            temperature=sampling.scoring_temperature),
@@ -375,7 +316,7 @@ class LocalEngine(Frontend):
                     continue
                 if request.key == BASE:  # it is sampled by the weights of now, whatever it was queued under
                     request.gen.version = self._weights_version
-                self._prefill = _Prefill(request, None)
+                self._prefill = Prefill(request, None)
             if not self._prefill_chunk():
                 break  # a long prompt: the running batch decodes one token before its next chunk
         self._drop_finished()
@@ -455,7 +396,7 @@ class LocalEngine(Frontend):
         for ids in wholes:
             if len(queued) < self.config.prefix_rewarm and ids not in queued:
                 queued.append(ids)
-        self._rewarm.extend(_Rewarm(new, ids) for ids in queued)
+        self._rewarm.extend(Rewarm(new, ids) for ids in queued)
 
     def _forget_rewarm(self, key: str) -> None:
         """`key`'s weights are gone: its re-warms would fill the cache with KV nobody looks up."""
@@ -474,7 +415,7 @@ class LocalEngine(Frontend):
                 self._accept(request, logits[row])
         self._drop_finished()
 
-    def _accept(self, request: _Request, logits: torch.Tensor) -> None:
+    def _accept(self, request: Request, logits: torch.Tensor) -> None:
         """Append one sampled token, stream its visible text, and finish the request if done."""
         s = request.sampling
         token, logprob = sample(logits, s.temperature, s.top_p, request.generator)
@@ -484,14 +425,14 @@ class LocalEngine(Frontend):
         if reason:
             self._finish(request, reason)
 
-    def _finish(self, request: _Request, reason: str) -> None:
+    def _finish(self, request: Request, reason: str) -> None:
         if request.gen.finish_reason is None:
             if request.cancelled:
                 request.advance.finish(request.gen)  # the exact text of what was sampled before it
             request.gen.finish_reason = "aborted" if request.cancelled else reason
             self._settle(request, request.gen)
 
-    def _settle(self, request: _Request, outcome: Generation | EngineFailure) -> None:
+    def _settle(self, request: Request, outcome: Generation | EngineFailure) -> None:
         """The one exit of every request: free its queue place and adapter slot, then answer it."""
         request.gen.finish_reason = request.gen.finish_reason or "aborted"
         with self._lock:
@@ -511,7 +452,7 @@ class LocalEngine(Frontend):
             self._batch.keep(keep)
             self._running = [self._running[i] for i in keep]
 
-    def _keep_reply(self, row: int, request: _Request) -> None:
+    def _keep_reply(self, row: int, request: Request) -> None:
         """File a finished request's prompt and reply (all but the last token, never fed) in the prefix
         cache: the agent's next turn resends both, and without this it prefilled the reply again."""
         if request.gen.finish_reason not in ("stop", "length") or len(request.gen.token_ids) < 2 \

@@ -50,7 +50,7 @@ class RemoteStream(QueuedStream):
     """A GenerationStream fed by one server request running as a task."""
 
     def __init__(self, gen: Generation, sampling: SamplingParams, max_tokens: int):
-        super().__init__(asyncio.Queue(), gen.version)
+        super().__init__(asyncio.Queue(), gen)
         self.gen, self.sampling, self.max_tokens = gen, sampling, max_tokens
         self.task: asyncio.Task | None = None
 

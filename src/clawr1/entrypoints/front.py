@@ -84,8 +84,9 @@ class Front:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
+            headers = {k.lower(): v for k, v in request.headers.items()}
             if self.refuse_pages:
-                refused = refusal(request.method, {k.lower(): v for k, v in request.headers.items()})
+                refused = refusal(request.method, headers)
                 if refused is not None:
                     raise refused
             raw = await self._body(request)
@@ -95,7 +96,6 @@ class Front:
                     body = parse_json(raw, self.max_depth)
                 except APIError:
                     body = None  # the worker it goes to answers the same 400
-            headers = {k.lower(): v for k, v in request.headers.items()}
             where = route(request.method, request.path, headers, body, len(self.clients), next(self.turns))
             if request.path == "/metrics" and request.method == "GET":
                 if "worker" not in request.query:

@@ -109,10 +109,8 @@ async def _set_reward(request: Request, path_session: str | None) -> dict[str, A
     who = await _session(gw, request, path_session)
     body = await gw.read(request, SetReward)
     try:
-        if body.interaction_id is not None:  # only an interaction of this session (its first choice tells)
-            [first] = await asyncio.to_thread(gw.pool.get_steps, [f"{body.interaction_id}-0"])
-            if (first.tenant, first.session_id) != (who.tenant, who.session_id):
-                raise UnknownStepError(body.interaction_id)
+        if body.interaction_id is not None:  # only an interaction of this session
+            await gw.check_completion_session(who.tenant, who.session_id, body.interaction_id)
         step_ids = await asyncio.to_thread(
             gw.pool.add_feedback, tenant=who.tenant, session_id=None if body.interaction_id else who.session_id,
             turn_index=None, completion_id=body.interaction_id, score=body.reward, correction=None)

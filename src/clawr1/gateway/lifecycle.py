@@ -75,11 +75,8 @@ async def feedback(request: Request) -> dict[str, Any]:
     if session_id is not None:
         _own(caller, session_id)
     try:
-        if body.completion_id is not None and caller.session_id is not None:
-            # A per-session key rates its own session's completions only (its first choice tells).
-            [first] = await asyncio.to_thread(gw.pool.get_steps, [f"{body.completion_id}-0"])
-            if (first.tenant, first.session_id) != (caller.tenant, caller.session_id):
-                raise UnknownStepError(body.completion_id)  # as if absent: another session's ids stay private
+        if body.completion_id is not None and caller.session_id is not None:  # a per-session key: its own
+            await gw.check_completion_session(caller.tenant, caller.session_id, body.completion_id)
         step_ids = await asyncio.to_thread(
             gw.pool.add_feedback, tenant=caller.tenant, session_id=session_id,
             turn_index=body.turn_index if session_id is not None else None,

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from clawr1.core.config import Config
 from clawr1.core.records import DEFAULT_TENANT, POLICY, adapter_name
 from clawr1.core.types import EngineError
-from clawr1.datapool.base import DataPool
+from clawr1.datapool.base import DataPool, UnknownStepError
 from clawr1.engine import adapters
 from clawr1.engine.base import Engine
 from clawr1.engine.remote import RemoteEngine
@@ -235,6 +235,13 @@ class Gateway:
         auth = request.headers.get("authorization", "")
         return admin is not None and auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].strip().encode(),
                                                                                           admin.encode())
+
+    async def check_completion_session(self, tenant: str, session_id: str, completion_id: str) -> None:
+        """A per-session caller names only its own session's completions (its first choice
+        tells); another's raises UnknownStepError, as an id that does not exist would."""
+        [first] = await asyncio.to_thread(self.pool.get_steps, [f"{completion_id}-0"])
+        if (first.tenant, first.session_id) != (tenant, session_id):
+            raise UnknownStepError(completion_id)
 
     def require_admin(self, request: Request) -> None:
         if self.config.gateway.admin_key is None:

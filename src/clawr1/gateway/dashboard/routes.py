@@ -50,8 +50,7 @@ def access(request: Request) -> Access:
     gw = gateway.config.gateway
     if gw.admin_key is None:
         return "disabled" if gateway.agent_keys else "open"
-    auth = request.headers.get("authorization", "")
-    if auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].strip().encode(), gw.admin_key.encode()):
+    if gateway.is_admin(request):
         return "admin"
     if hmac.compare_digest(request.cookies.get(COOKIE, "").encode(), cookie_token(gw.admin_key).encode()):
         return "admin"
