@@ -10,6 +10,8 @@ import threading
 from concurrent.futures import Future
 from pathlib import Path
 
+import pytest
+
 from clawr1.cluster.pool import RayPool
 from clawr1.cluster.router import RouterEngine
 from clawr1.core.config import EngineConfig
@@ -138,3 +140,21 @@ def test_the_watcher_logs_why_a_downed_replica_is_not_back_yet(tiny_model_dir, c
     assert (logging.DEBUG, "engine replica 0 is not back yet: ConnectionError('replica restarting')") in messages
     assert any(level == logging.WARNING and "could not load the current versions" in text
                and "cannot read /adapters/policy/v2" in text for level, text in messages)
+
+
+@pytest.mark.parametrize("backend", ["local", "vllm", "sglang", "tinker"])
+def test_the_router_scores_at_temperature_one_only_where_its_replicas_do(tiny_model_dir, backend):
+    """The guard samples its probes at temperature 1 where the engine says it scores only there
+    (`scores_at_temperature_one_only`, read off the engine). The router did not say it, so a Ray
+    deployment whose replicas are vLLM sampled probes at 0.7, which the replicas refuse to score
+    at. Its replicas are `load_engine` of the same engine config: the router says what their class says."""
+    import importlib
+
+    module, name = {"local": ("clawr1.engine.local", "LocalEngine"), "vllm": ("clawr1.engine.vllm", "VLLMEngine"),
+                    "sglang": ("clawr1.engine.sglang", "SGLangEngine"),
+                    "tinker": ("clawr1.engine.tinker", "TinkerEngine")}[backend]
+    replica_class = getattr(importlib.import_module(module), name)
+    router = RouterEngine(tiny_model_dir, EngineConfig(backend=backend, url="http://127.0.0.1:9"), [])
+    expected = getattr(replica_class, "scores_at_temperature_one_only", False)
+    assert expected is (backend != "local")  # the servers' prompt logprobs are unscaled; the local engine scales
+    assert getattr(router, "scores_at_temperature_one_only", False) is expected

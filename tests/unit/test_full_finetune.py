@@ -18,7 +18,7 @@ from clawr1.engine import adapters as store
 from clawr1.engine.local import LocalEngine
 from clawr1.trainer.loop import Trainer
 from tests.conftest import run
-from tests.gateway_helpers import live_gateway, wait_for
+from tests.gateway_helpers import live_gateway, steps_of, wait_for
 from tests.unit.test_trainer import config_for, fill
 
 
@@ -102,6 +102,41 @@ def test_a_second_weights_load_queued_before_the_first_is_applied_answers_both(o
     run(go())
 
 
+def test_a_stream_queued_across_a_swap_names_the_weights_that_sample_it(own_engine, tiny_model_dir, tmp_path):
+    """Admitted while v0 serves, sampled after v1 is in: its content and final chunks name v1, as
+    its recorded step does (only what went out before sampling began can name v0)."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    engine = own_engine
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.mul_(0.9)
+    path = store.publish_weights(model, tmp_path / "published", "policy", 1)  # not where the gateway looks
+    with live_gateway(engine, tmp_path / "data") as (base, pool):
+        async def go():
+            prompt = engine.render([{"role": "user", "content": "Hello"}])
+            running = engine.generate(prompt, SamplingParams(max_tokens=400, temperature=1.0, seed=1))
+            await running.__anext__()  # decoding: the load waits for this batch to drain
+            swap = asyncio.ensure_future(engine.load_weights(path))
+            await asyncio.sleep(0.05)
+            chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}
+            raw = {"model": "m", "prompt": "Hello", "max_tokens": 4, "stream": True}
+            async with httpx.AsyncClient(timeout=60) as client:
+                replies = await asyncio.gather(client.post(f"{base}/v1/chat/completions", json=chat),
+                                               client.post(f"{base}/v1/completions", json=raw))
+            assert running._request.gen.finish_reason is not None and await swap == 1
+            return replies
+        chunks = [[json.loads(line[6:]) for line in reply.text.splitlines() if line.startswith("data: {")]
+                  for reply in run(go())]
+        # The chat stream's role chunk went out at admission: proof that both were queued.
+        assert chunks[0][0]["system_fingerprint"] == "clawr1-v0", "admitted after the swap: not the case tested"
+        assert {c["system_fingerprint"] for c in chunks[0][1:] + chunks[1]} == {"clawr1-v1"}
+        assert [step.policy_version for step in steps_of(pool, 2)] == [1, 1]
+
+
 def test_the_gateway_serves_each_new_full_version(own_engine, tiny_model_dir, tmp_path, generations):
     overrides = ['trainer.finetune="full"', "gateway.adapter_poll_s=0.05", f'engine.model="{tiny_model_dir}"',
                  "trainer.batch_size=3", "trainer.max_wait_s=0", "trainer.lr=1e-3"]
@@ -116,6 +151,14 @@ def test_the_gateway_serves_each_new_full_version(own_engine, tiny_model_dir, tm
         wait_for(lambda: httpx.post(f"{base}/v1/chat/completions", json=body, timeout=30).json()["system_fingerprint"]
                  == "clawr1-v1", what="v1's weights served")
         assert httpx.get(f"{base}/metrics").text.count("clawr1_policy_version 1.0") == 1
+
+
+def test_full_finetuning_with_the_guard_on_says_it_is_not_guarded(tiny_model_dir, tmp_path, caplog):
+    for finetune in ("lora", "full"):
+        config = config_for(tiny_model_dir, tmp_path / finetune, f'trainer.finetune="{finetune}"', "guard.enabled=true")
+        with SQLitePool(tmp_path / finetune, config.pool) as pool, caplog.at_level("WARNING"):
+            Trainer(config, pool).close()
+        assert ("full fine-tuning is not guarded" in caplog.text) == (finetune == "full")
 
 
 def test_full_finetuning_refuses_what_cannot_work():

@@ -31,6 +31,7 @@ from clawr1.core.types import (
     UnknownAdapterError,
 )
 from clawr1.engine.frontend import Frontend
+from clawr1.engine.remote import RemoteEngine
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,13 @@ class RouterEngine(Frontend):
     def __init__(self, model_path: Path, config: EngineConfig, replicas: list[Any]):
         super().__init__(model_path, config.max_context)
         self.config, self.replicas = config, replicas
+        # The guard reads this to sample its probes at temperature 1 where the engine scores only there
+        # (`Guard._draw`). The replicas are `load_engine` of this same engine config (`EngineReplica`):
+        # every backend but `local` is a `RemoteEngine` (vLLM, SGLang, Tinker), whose servers score the
+        # unscaled distribution only. Without it a Ray deployment on vLLM sampled probes at 0.7, which
+        # its replicas then refuse to score at (no verdict).
+        self.scores_at_temperature_one_only = (config.backend != "local"
+                                               and RemoteEngine.scores_at_temperature_one_only)
         self.up = [True] * len(replicas)
         self._versions: dict[str, int] = {}
         self._paths: dict[str, Path] = {}  # the directory each served version was loaded from

@@ -17,7 +17,9 @@ class GenerationStream(Protocol):
     a remote engine, a loaded event loop) and waits on no timer for them; without it, each token
     is a write of its own. It must not say True when `__anext__` would wait."""
 
-    version: int  # the policy version serving it, fixed when the request was submitted
+    # The policy version that samples it: an adapter's is fixed at submission; the base weights' is
+    # settled when sampling begins (a request queued across a weights swap gets the new one).
+    version: int
 
     def __aiter__(self) -> AsyncIterator[TokenEvent]: ...
     async def final(self) -> Generation: ...

@@ -44,7 +44,6 @@ from clawr1.core.types import (
     Generation,
     InvalidRequestError,
     SamplingParams,
-    TokenEvent,
     UnknownAdapterError,
 )
 from clawr1.engine import adapters as store
@@ -420,15 +419,19 @@ class LocalEngine(Frontend):
         s = request.sampling
         token, logprob = sample(logits, s.temperature, s.top_p, request.generator)
         request.last_token = token
-        text, reason = request.advance(request.gen, token, logprob)
-        request.send(TokenEvent(token, logprob, text))
+        events, reason = request.advance.events(request.gen, token, logprob)  # none while text is held back
+        for event in events:
+            request.send(event)
         if reason:
             self._finish(request, reason)
 
     def _finish(self, request: Request, reason: str) -> None:
         if request.gen.finish_reason is None:
             if request.cancelled:
-                request.advance.finish(request.gen)  # the exact text of what was sampled before it
+                # The exact text of what was sampled before it; the text held back (no stop matched)
+                # is streamed on the last token's event, as a finish would (it was dropped before).
+                for event in request.advance.end(request.gen):
+                    request.send(event)
             request.gen.finish_reason = "aborted" if request.cancelled else reason
             self._settle(request, request.gen)
 

@@ -35,7 +35,6 @@ from clawr1.core.types import (
     Generation,
     InvalidRequestError,
     SamplingParams,
-    TokenEvent,
     UnknownAdapterError,
 )
 from clawr1.engine import adapters as store
@@ -231,19 +230,22 @@ class RemoteEngine(Frontend, ABC):
         gen, advance = stream.gen, Advance(self.tokenizer, self.eos_ids, stream.sampling.stop, stream.max_tokens)
         try:
             async for token, logprob in self._sample(gen.prompt_ids, stream.sampling, stream.max_tokens, served, gen):
-                delta, reason = advance(gen, token, logprob)
-                stream.out.put_nowait(TokenEvent(token, logprob, delta))
+                events, reason = advance.events(gen, token, logprob)  # none while text is held back
+                for event in events:
+                    stream.out.put_nowait(event)
                 if reason:
                     gen.finish_reason = reason
                     break
-            if gen.finish_reason is None:  # the server ended it (an EOS it did not return, its own stop);
-                # text still held back is in `gen.content`, which the gateway sends at the end
-                advance.finish(gen)
+            if gen.finish_reason is None:  # the server ended it (an EOS it did not return, its own stop):
+                # the text still held back is streamed on the last token's event, as a finish here would
+                for event in advance.end(gen):
+                    stream.out.put_nowait(event)
                 gen.finish_reason = ("length" if len(gen.token_ids) >= stream.max_tokens and gen.stop_match is None
                                      else "stop")
             stream.out.put_nowait(gen)
         except asyncio.CancelledError:
-            advance.finish(gen)
+            for event in advance.end(gen):  # the same: an abort streams what it held back
+                stream.out.put_nowait(event)
             gen.finish_reason = "aborted"
             stream.out.put_nowait(gen)
         except (httpx.HTTPError, KeyError, ValueError) as exc:

@@ -7,13 +7,18 @@ a window of a few tokens, not the whole reply again, so a reply costs time linea
 Text is held back while it could still be the start of a stop sequence (which OpenAI never returns)
 or ends in half a UTF-8 character; when the generation ends its text is decoded once in full (the
 stored text is exactly the tokenizer's), and the rest of its content is flushed.
+
+Engines stream through `events` and `end`: a token's event waits while text up to it is held back,
+so the text an end releases always has a token's event to ride, also when the end brings no token
+(an abort, a server's own end). Streamed, it adds up to the content however the reply ended; before,
+such an end put the held text in `gen.content` but dropped it from the stream.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from clawr1.core.types import Generation
+from clawr1.core.types import Generation, TokenEvent
 
 
 class Advance:
@@ -24,6 +29,30 @@ class Advance:
         self.emitted = 0  # characters of visible text already streamed
         self._prefix = 0  # token offset of the decode window's start
         self._read = 0  # tokens whose text is in `gen.text`
+        self._partial = False  # the tokens since `_read` end in half a character (held back)
+        self._waiting: list[TokenEvent] = []  # events not streamed yet: text up to them is held back
+
+    def events(self, gen: Generation, token: int, logprob: float) -> tuple[list[TokenEvent], str | None]:
+        """Take one sampled token: (the events to stream now, the finish reason or None). Its event
+        waits while text is held back (a possible stop's start, half a character), and goes out
+        with the next event that leaves nothing held, or at the end (`end`, or a finish here)."""
+        text, reason = self(gen, token, logprob)
+        self._waiting.append(TokenEvent(token, logprob, text))
+        if reason is None and (self._partial or self.emitted < len(gen.text)):
+            return [], None
+        ready, self._waiting = self._waiting, []
+        return ready, reason
+
+    def end(self, gen: Generation) -> list[TokenEvent]:
+        """An end that brings no token (an abort, the server ending the reply itself): the exact text
+        (`finish`), and the events that waited, the last one carrying the text released. With none
+        waiting nothing was held, so there is no text to release."""
+        delta = self.finish(gen)
+        ready, self._waiting = self._waiting, []
+        if ready:
+            last = ready[-1]
+            ready[-1] = TokenEvent(last.token_id, last.logprob, last.text + delta)
+        return ready
 
     def __call__(self, gen: Generation, token: int, logprob: float) -> tuple[str, str | None]:
         """Take one sampled token: (text to stream now, the finish reason or None)."""
@@ -66,7 +95,8 @@ class Advance:
         """The text the tokens since `_read` add, or "" while they end in half a character."""
         window = self.tokenizer.decode(ids[self._prefix:self._read], skip_special_tokens=True)
         extended = self.tokenizer.decode(ids[self._prefix:], skip_special_tokens=True)
-        if len(extended) <= len(window) or extended.endswith("\ufffd"):
+        self._partial = extended.endswith("\ufffd")
+        if len(extended) <= len(window) or self._partial:
             return ""
         self._prefix, self._read = self._read, len(ids)
         return extended[len(window):]

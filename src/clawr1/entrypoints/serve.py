@@ -60,7 +60,8 @@ async def serve(config: Config, on_ready: Callable[[int, str], None] | None = No
         socket_of(config, 0).unlink(missing_ok=True)
         # The fronts keep idle connections 3 s; uvicorn's default keep-alive (5 s) outlasts that. Only
         # they reach the socket (this user's run dir): their X-Forwarded-* are the client's.
-        server = make_server(app, uds=str(socket_of(config, 0)), forwarded_allow_ips="*")
+        server = make_server(app, uds=str(socket_of(config, 0)), proxy_headers=True,
+                             forwarded_allow_ips="*")
         server.before_shutdown = crew.stop_fronts  # Ctrl+C: no new requests first, then drain
 
         async def fronts() -> None:

@@ -71,7 +71,10 @@ def make_server(app: Any, host: str = "127.0.0.1", port: int = 0, *, tls_cert: P
                 tls_key: Path | None = None, **options: Any) -> Server:
     """A uvicorn server for `app` (port 0: a free one). Its records go to the root handler (rich or
     JSON, secrets redacted: `log_config=None`), no access log; `options` are uvicorn's (loop, http)."""
-    settings: dict[str, Any] = {"log_level": "warning", "access_log": False, "log_config": None, **options}
+    # No proxy headers: nothing here reads the client's address, so uvicorn's middleware that would
+    # rewrite it from `X-Forwarded-For` (trusted from any local process) is only a layer a request.
+    settings: dict[str, Any] = {"log_level": "warning", "access_log": False, "log_config": None,
+                                "proxy_headers": False, **options}
     if tls_cert is not None:
         settings.update(ssl_certfile=str(tls_cert), ssl_keyfile=str(tls_key))
     return Server(uvicorn.Config(app, host=host, port=port, **settings))

@@ -228,7 +228,7 @@ async def follow(config: Config, index: int, engine_spec: str | None) -> None:
     path.unlink(missing_ok=True)  # a socket left by a killed predecessor
     app = create_app(engine, pool, config, worker=index, internal_key=os.environ["CLAWR1_INTERNAL_KEY"])
     tune_gc()
-    server = make_server(app, uds=str(path), forwarded_allow_ips="*")  # only the fronts reach it
+    server = make_server(app, uds=str(path), proxy_headers=True, forwarded_allow_ips="*")  # only the fronts reach it
 
     async def stop_when_orphaned() -> None:
         await orphaned()

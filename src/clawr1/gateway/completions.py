@@ -4,7 +4,7 @@ Each prompt's choices are one turn of the session; `prompt_id` groups them (GRPO
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -24,6 +24,12 @@ def _body(ex: Exchange, version: int, choices: list[dict[str, Any]]) -> dict[str
     """`created` is the request's (`Job.created`): the same in every chunk of a stream."""
     return {"id": ex.job.reply_id, "object": "text_completion", "created": ex.job.created, "model": ex.job.req.model,
             "system_fingerprint": schema.fingerprint(version), "choices": choices}
+
+
+def _text_chunk(ex: Exchange, version: int) -> Callable[[str], str]:
+    """The chunk of nearly every token, rendered once with the text spliced in (as chat's)."""
+    return spliced(lambda delta: sse(_body(ex, version, [{"index": 0, "text": delta, "logprobs": None,
+                                                          "finish_reason": None}])))
 
 
 class Completions(Wire):
@@ -50,12 +56,13 @@ class Completions(Wire):
 
     async def events(self, ex: Exchange) -> AsyncIterator[str]:
         req, version = ex.job.req, ex.streams[0].version
-        # The chunk of nearly every token, rendered once with the text spliced in (as chat's).
-        text = spliced(lambda delta: sse(_body(ex, version, [{"index": 0, "text": delta, "logprobs": None,
-                                                               "finish_reason": None}])))
+        text = _text_chunk(ex, version)
         sent = visible = ""
         async for event in ex.tokens():
             if event is not None:
+                if version != ex.streams[0].version:  # weights swapped in while it queued (as chat's)
+                    version = ex.streams[0].version
+                    text = _text_chunk(ex, version)
                 visible += event.text
             delta = visible[len(sent):]
             if event is None or delta:  # a keep-alive is an empty text chunk

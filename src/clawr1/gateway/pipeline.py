@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -438,7 +439,7 @@ class Exchange(Response):
                                             f"{self.gw.config.gateway.request_timeout_s} s", code="timeout"))
             return
         parsed = [self.gw.engine.parse(g.content) for g in gens]
-        body = await self.record(gens, parsed, lambda: JSONResponse(self.wire.body(self, gens, parsed)).body)
+        body = await self.record(gens, parsed, lambda: json_body(self.wire.body(self, gens, parsed)))
         assert body is not None
         await self._send_body(200, body, [(b"content-type", b"application/json")])
 
@@ -496,11 +497,16 @@ class Exchange(Response):
         """Before the response started: the route's error shape. After (a stream): its error
         event, then the end of the body."""
         if not self.response_started:
-            body = JSONResponse(self.wire.error_body(exc)).body
+            body = json_body(self.wire.error_body(exc))
             await self._send_body(exc.status, body, [(b"content-type", b"application/json")])
         elif not self.response_done:
             await self._chunk(self.wire.stream_error(self, exc))
             await self._end()
+
+
+def json_body(content: Any) -> bytes:
+    """What `JSONResponse(content).body` is, without building the response around it."""
+    return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 
 def _wants_base(gw: Gateway, caller: Caller, headers: dict[str, str]) -> bool:

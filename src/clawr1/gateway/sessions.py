@@ -109,7 +109,8 @@ class SessionResolver:
         # The turns of an online session answer different prompts: one group each, or GRPO would
         # normalise them together (equal rewards -> zero advantage).
         prompt_id = who.prompt_id if who.how == "path" else f"{who.session_id}/t{index}"
-        return dataclasses.replace(who, turn_index=index, prompt_id=prompt_id)
+        # Built, not `dataclasses.replace` (which inspects the fields on every call).
+        return Turn(who.tenant, who.session_id, prompt_id, index, who.turn_type, who.done, who.how, who.hashes)
 
     def record(self, turn: Turn, messages: list[dict[str, Any]], reply: dict[str, Any]) -> None:
         """After a main turn is served: its next request will start with these messages + reply.

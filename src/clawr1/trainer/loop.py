@@ -79,6 +79,10 @@ class Trainer:
         self.version = 0  # the newest version of this adapter published (0 = base model)
         # The guard decides each LoRA version; the trainer waits for it and undoes a rejected one.
         self.guarded = config.guard.enabled and self.tc.finetune == "lora"
+        if config.guard.enabled and not self.guarded and self.ranks.lead:
+            # Said once at start: otherwise a user who left the guard on believes it protects them.
+            log.warning("full fine-tuning is not guarded: every version is served as published, with no probe "
+                        "and no rollback (the guard needs a candidate beside the served version: LoRA only)")
         # An admin's rollback applies to LoRA versions with the guard on or off (off, the gateway
         # serves every version as published, so each one is the incumbent).
         self.rolls_back = self.tc.finetune == "lora"
