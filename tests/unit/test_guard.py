@@ -5,6 +5,7 @@ rollbacks are visible; and the trainer undoes a rejected version exactly."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -187,6 +188,59 @@ def test_the_trainer_undoes_a_rejected_version_and_keeps_a_promoted_one(tiny_mod
     assert resumed.promoted == 2 and all(torch.equal(moved[k], v) for k, v in resumed.policy.named_trainable().items())
     resumed.close()
     pool.close()
+
+
+def test_a_version_promoted_after_the_trainer_stopped_waiting_is_what_a_rejection_goes_back_to(
+        tiny_model_dir, tmp_path, generations):
+    """v1's verdict comes after the trainer stopped waiting (undecided: it trains on from v1). The
+    guard then promotes v1, which serves; when v2 is rejected the trainer goes back to v1's state
+    (kept when its verdict did not come), not to the base's, and a restart counts v1 as the incumbent."""
+    from clawr1.trainer import guarded
+    from clawr1.trainer.loop import Trainer
+
+    config = load_config(None, [f'data_dir="{tmp_path}"', f'engine.model="{tiny_model_dir}"', "trainer.batch_size=4",
+                                "trainer.lr=0.05", "trainer.poll_s=0.02", "guard.decision_timeout_s=0.1"])
+    root = tmp_path / "adapters"
+    with SQLitePool(tmp_path, config.pool) as pool:
+        trainer = Trainer(config, pool)
+        store_rewarded(pool, generations[:4], 0, lambda i: 1.0 if i % 2 == 0 else -1.0)
+        metrics = trainer.run_once()
+        assert metrics["verdict"] == "undecided" and (trainer.weights_of, trainer.promoted) == (1, 0)
+        v1 = {k: v.clone() for k, v in trainer.policy.named_trainable().items()}
+        store.decide(root, "policy", 1, "promoted", "late", {})
+
+        store_rewarded(pool, generations[4:8], 4, lambda i: 1.0 if i % 2 else -1.0)
+
+        def reject_v2() -> None:
+            wait_for(lambda: store.newest(root, "policy") and store.newest(root, "policy")[0] == 2, 30)
+            store.decide(root, "policy", 2, "rejected", "test", {})
+
+        threading.Thread(target=reject_v2, daemon=True).start()
+        metrics = trainer.run_once()
+        assert metrics["verdict"] == "rejected" and (trainer.weights_of, trainer.promoted) == (1, 1)
+        assert all(torch.equal(v1[k], v) for k, v in trainer.policy.named_trainable().items())
+        assert not (guarded.candidate_path(tmp_path, None, 1)).exists()  # installed as the incumbent's
+        trainer.close()
+        resumed = Trainer(config, pool)
+        assert (resumed.version, resumed.weights_of, resumed.promoted) == (2, 1, 1)
+        resumed.close()
+
+
+def test_late_verdicts_install_the_newest_promoted_candidate_and_drop_the_decided(tmp_path):
+    from clawr1.trainer import guarded
+
+    root = tmp_path / "adapters"
+    for version in range(1, 6):  # published v1..v5, each with its state kept as a candidate
+        store.version_dir(root, "policy", version).mkdir(parents=True)
+        guarded.candidate_path(tmp_path, None, version).mkdir(parents=True)
+        (guarded.candidate_path(tmp_path, None, version) / "state.json").write_text(f'{{"version": {version}}}')
+    for version, status in ((1, "promoted"), (2, "promoted"), (3, "rejected")):
+        store.decide(root, "policy", version, status, "late", {})
+    assert guarded.adopt_late(tmp_path, None, root, "policy", promoted=0, keep=1) == 2
+    assert json.loads((guarded.promoted_path(tmp_path, None) / "state.json").read_text()) == {"version": 2}
+    # v1 is below the new incumbent, v3 decided, v4 beyond `keep`: only the newest undecided is kept
+    assert sorted(p.name for p in guarded.candidate_path(tmp_path, None, 0).parent.iterdir()) == ["v5"]
+    assert guarded.adopt_late(tmp_path, None, root, "policy", promoted=2, keep=1) is None
 
 
 def test_rejections_in_a_row_do_not_make_the_incumbents_samples_stale(tiny_model_dir, tmp_path, generations):

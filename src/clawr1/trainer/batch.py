@@ -274,3 +274,21 @@ def _teacher_hidden(policy: Policy, samples: list[TrainSample], rows: Rows,
     with _teacher(policy, config):
         hidden, head = policy.hidden(_teacher_rows(policy, samples, index, config.hint_at)), policy.head.detach()
     return _right_aligned(hidden, samples, index, rows.targets.shape[1]), head
+
+
+def micro_batches(samples: list[TrainSample], budget: int, max_rows: int) -> list[list[int]]:
+    """Indices of `samples` cut into forward/backward passes: sorted by length (less padding), each
+    pass at most `max_rows` samples and rows x longest (prompt + reply) within `budget` tokens; a
+    sample longer than the budget is a pass of its own."""
+    def length(i: int) -> int:
+        return len(samples[i].step.prompt_ids) + len(samples[i].step.token_ids)
+
+    out: list[list[int]] = []
+    for i in sorted(range(len(samples)), key=length):
+        current = out[-1] if out else None
+        # Sorted ascending, so sample i is the longest of any pass it joins.
+        if current is not None and len(current) < max_rows and (len(current) + 1) * length(i) <= budget:
+            current.append(i)
+        else:
+            out.append([i])
+    return out

@@ -51,11 +51,17 @@ def save(path: Path, policy: Policy, optimizer: torch.optim.Optimizer, state: di
     for file in tmp.iterdir():
         with open(file, "rb") as f:
             os.fsync(f.fileno())
+    install(tmp, path)
+
+
+def install(complete: Path, path: Path) -> None:
+    """Make the complete checkpoint directory `complete` the one at `path` (moved, not copied); a
+    crash at any point leaves `path` or its `.old` twin whole."""
     old = path.with_name(path.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if path.exists():
         path.rename(old)
-    tmp.rename(path)  # the switch; a crash before it leaves `path` or `.old` whole
+    complete.rename(path)  # the switch
     shutil.rmtree(old, ignore_errors=True)
 
 

@@ -11,6 +11,7 @@ incumbent too. Version numbers keep increasing (the rejected one stays on disk w
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,33 @@ log = logging.getLogger(__name__)
 
 def promoted_path(data_dir: Path, tenant: str | None) -> Path:
     return checkpoint.state_dir(data_dir, tenant) / "promoted"
+
+
+def candidate_path(data_dir: Path, tenant: str | None, version: int) -> Path:
+    """The state of a version whose verdict did not come while the trainer waited: should the
+    guard promote it later, it becomes the incumbent's (`adopt_late`)."""
+    return checkpoint.state_dir(data_dir, tenant) / "candidates" / f"v{version}"
+
+
+def adopt_late(data_dir: Path, tenant: str | None, root: Path, name: str, promoted: int, keep: int) -> int | None:
+    """The newest kept candidate the guard promoted after the trainer stopped waiting, installed
+    as the incumbent's checkpoint (what a rejection rolls back to); None when there is none. Drops
+    the candidates decided or not above the incumbent, and all but the newest `keep`."""
+    folder = checkpoint.state_dir(data_dir, tenant) / "candidates"
+    if not folder.is_dir():
+        return None
+    kept = sorted((int(p.name[1:]), p) for p in folder.iterdir() if p.name[1:].isdigit())
+    verdicts = {version: adapters.verdict(root, name, version) for version, _ in kept}
+    late = [version for version, _ in kept
+            if version > promoted and (verdicts[version] or {}).get("status") == "promoted"]
+    adopted = max(late) if late else None
+    for i, (version, path) in enumerate(kept):
+        if version == adopted:
+            checkpoint.install(path, promoted_path(data_dir, tenant))
+            log.info("%s v%d was promoted after the trainer stopped waiting: it is the incumbent now", name, version)
+        elif version <= max(promoted, adopted or 0) or verdicts[version] is not None or i < len(kept) - keep:
+            shutil.rmtree(path)
+    return adopted
 
 
 def wait_for_verdict(root: Path, name: str, version: int, timeout_s: float, poll_s: float,

@@ -31,6 +31,7 @@ from clawr1.trainer.batch import (
     Prepared,
     TrainSample,
     load_samples,
+    micro_batches,
     per_sample,
     prepare,
     relabelled,
@@ -152,6 +153,8 @@ class Trainer:
         while nothing was published)."""
         if self.rolls_back:
             self.apply_rollback()
+        if self.guarded:
+            self.adopt_late_verdicts()
         started = time.perf_counter()
         samples = self.ranks.broadcast(self.take() if self.ranks.lead else None)  # rank 0's lease, to all
         if samples is None:
@@ -219,12 +222,24 @@ class Trainer:
                          "promoted": self.promoted, "rollbacks": self.rollbacks,
                          "reward_baseline": self.reward_baseline, "weights_of": self.weights_of}, whole)
 
-    def keep_promoted(self) -> None:
-        """The current state is the incumbent's: what a rejected version rolls back to."""
+    def keep_promoted(self, candidate: bool = False) -> None:
+        """The current state is the incumbent's: what a rejected version rolls back to. `candidate`:
+        the state of the newest version, undecided, kept in case the guard promotes it later."""
         if not self.ranks.lead:
             return
-        checkpoint.save(guarded.promoted_path(self.root, self.tenant), self.policy, self.optimizer,
-                        {"step": self.step_count, "version": self.promoted})
+        path = (guarded.candidate_path(self.root, self.tenant, self.version) if candidate
+                else guarded.promoted_path(self.root, self.tenant))
+        checkpoint.save(path, self.policy, self.optimizer,
+                        {"step": self.step_count, "version": self.version if candidate else self.promoted})
+
+    def adopt_late_verdicts(self) -> None:
+        """A version the guard promoted after the trainer stopped waiting is the incumbent now."""
+        late = self.ranks.broadcast(guarded.adopt_late(self.root, self.tenant, self.adapter_root, self.adapter,
+                                                       self.promoted, self.tc.keep_versions)
+                                    if self.ranks.lead else None)
+        if late is not None:
+            self.promoted = late
+            self.save()
 
     def restore_promoted(self) -> None:
         state = checkpoint.load(guarded.promoted_path(self.root, self.tenant), self.policy, self.optimizer)
@@ -247,11 +262,14 @@ class Trainer:
             self.keep_promoted()
             self.save()
         elif status == "rejected":
+            self.adopt_late_verdicts()  # an earlier version promoted meanwhile is what to go back to
             self.restore_promoted()
             self.weights_of = self.promoted
             self.save()
             log.warning("v%d rejected by the guard (%s); training on from v%d", self.version, verdict["reason"],
                         self.promoted)
+        else:
+            self.keep_promoted(candidate=True)
         return {"verdict": status, "promoted": self.promoted}
 
     def apply_rollback(self) -> None:
@@ -541,24 +559,6 @@ class Accumulated:
                 "prepare_s": self.prepare_s, "train_s": self.train_s,
                 "tokens_per_s": self.tokens / max(self.prepare_s + self.train_s, 1e-9),
                 "lease_ids": lease_ids, "leases": len(lease_ids), "accumulated_s": clock() - self.opened}
-
-
-def micro_batches(samples: list[TrainSample], budget: int, max_rows: int) -> list[list[int]]:
-    """Indices of `samples` cut into forward/backward passes: sorted by length (less padding), each
-    pass at most `max_rows` samples and rows x longest (prompt + reply) within `budget` tokens; a
-    sample longer than the budget is a pass of its own."""
-    def length(i: int) -> int:
-        return len(samples[i].step.prompt_ids) + len(samples[i].step.token_ids)
-
-    out: list[list[int]] = []
-    for i in sorted(range(len(samples)), key=length):
-        current = out[-1] if out else None
-        # Sorted ascending, so sample i is the longest of any pass it joins.
-        if current is not None and len(current) < max_rows and (len(current) + 1) * length(i) <= budget:
-            current.append(i)
-        else:
-            out.append([i])
-    return out
 
 
 def clock() -> float:
