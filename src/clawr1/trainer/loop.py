@@ -13,6 +13,7 @@ verdict, and a rejected version is undone (weights and optimizer back to the inc
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -151,10 +152,10 @@ class Trainer:
         the guard's verdict (cut short when `stop`, an Event, is set: the version is left
         undecided, and the next start reads its verdict). Returns that version's metrics (None
         while nothing was published)."""
+        if self.guarded:  # first, so that a rollback to a version promoted late restores it exactly
+            self.adopt_late_verdicts()
         if self.rolls_back:
             self.apply_rollback()
-        if self.guarded:
-            self.adopt_late_verdicts()
         started = time.perf_counter()
         samples = self.ranks.broadcast(self.take() if self.ranks.lead else None)  # rank 0's lease, to all
         if samples is None:
@@ -297,6 +298,8 @@ class Trainer:
         self.rollbacks.append(request["id"])
         if self.guarded:
             self.keep_promoted()
+            if self.ranks.lead:  # the versions after `to` are superseded: none may become the incumbent
+                shutil.rmtree(guarded.candidate_path(self.root, self.tenant, 0).parent, ignore_errors=True)
         self.save()
         log.warning("rolled back to v%d by an admin; the next version is v%d", to, self.version + 1)
 
