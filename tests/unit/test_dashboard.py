@@ -140,6 +140,31 @@ def test_admin_key_is_required_and_agent_keys_never_open_it(engine, tmp_path):
         assert httpx.get(f"{base}/dashboard/static/..%2fdata.py").status_code == 404
 
 
+def test_the_dashboards_forms_refuse_other_pages_with_keys_too(engine, tmp_path):
+    """The login cookie is `SameSite=Strict`: a same-site page (another port of this host) still
+    sends it. Such a page's form post is refused; the dashboard's own posts work."""
+    from clawr1.engine import adapters as store
+    from clawr1.gateway.dashboard.routes import cookie_token
+
+    with live_gateway(engine, tmp_path, f'gateway.admin_key="{ADMIN}"') as (base, _):
+        cookie = {COOKIE: cookie_token(ADMIN)}
+        rollback = {"action": "rollback", "version": "0"}
+        for page in ({"Origin": "http://127.0.0.1:9999", "Sec-Fetch-Site": "same-site"},
+                     {"Origin": "http://127.0.0.1:9999"}, {"Sec-Fetch-Site": "cross-site"}):
+            refused = httpx.post(f"{base}/dashboard/versions", cookies=cookie, data=rollback, headers=page)
+            assert refused.status_code == 403 and "may not change anything" in refused.text
+            assert httpx.post(f"{base}/dashboard/logout", cookies=cookie, headers=page).status_code == 403
+        assert store.control(tmp_path / "adapters", "policy").get("rollback") is None
+        own = {"Origin": base, "Sec-Fetch-Site": "same-origin"}
+        assert httpx.post(f"{base}/dashboard/versions", cookies=cookie, data=rollback, headers=own).status_code == 303
+        assert store.control(tmp_path / "adapters", "policy")["rollback"]["to"] == 0
+        newline = httpx.post(f"{base}/dashboard/versions", cookies=cookie, headers=own,
+                             data={"action": "pin", "version": "0", "tenant": "acme\n"})
+        assert newline.status_code == 400 and not (tmp_path / "adapters" / "policy-acme\n").exists()
+        summary = httpx.get(f"{base}/dashboard/api/summary", params={"tenant": "acme\n"}, cookies=cookie)
+        assert summary.status_code == 400
+
+
 def test_agent_keys_without_an_admin_key_disable_it_and_no_keys_open_it(engine, tmp_path):
     with live_gateway(engine, tmp_path / "a", 'gateway.api_keys=["agent-key"]') as (base, _):
         assert httpx.get(f"{base}/dashboard", headers={"Authorization": "Bearer agent-key"}).status_code == 403

@@ -155,10 +155,24 @@ def test_tool_calls_come_back_as_tool_use_and_the_session_continues(engine, tmp_
         with c.messages.stream(model="m", max_tokens=64, messages=history, tools=[WEATHER]) as stream:
             final = stream.get_final_message()
         assert [b.type for b in final.content] == ["text", "tool_use"] and final.stop_reason == "tool_use"
-        assert final.content[1].input == {"city": "Paris"} and final.content[0].text.strip() == "Let me check."
+        assert final.content[1].input == {"city": "Paris"} and final.content[0].text == "Let me check."  # as the plain reply
         steps = sorted(steps_of(pool, 2), key=lambda s: s.turn_index)
     assert steps[0].session_id == steps[1].session_id and [s.turn_index for s in steps] == [0, 1]
     assert steps[1].messages[-1] == {"role": "tool", "tool_call_id": use.id, "content": "18 C"}
+
+
+def test_a_call_whose_arguments_are_no_object_is_wrapped_and_its_replay_continues_the_session(engine, tmp_path):
+    odd = '<tool_call>{"name": "get_weather", "arguments": "Paris"}</tool_call>'
+    with live_gateway(ScriptedEngine(engine, odd), tmp_path) as (base, pool):
+        history = [{"role": "user", "content": "Weather in Paris?"}]
+        reply = client(base).messages.create(model="m", max_tokens=64, messages=history, tools=[WEATHER])
+        [use] = reply.content
+        assert use.input == {"arguments": "Paris"}  # `input` must be an object
+        history += [{"role": "assistant", "content": [use.model_dump(exclude_none=True)]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "18 C"}]}]
+        client(base).messages.create(model="m", max_tokens=64, messages=history, tools=[WEATHER])
+        steps = sorted(steps_of(pool, 2), key=lambda s: s.turn_index)
+    assert steps[0].session_id == steps[1].session_id and [s.turn_index for s in steps] == [0, 1]
 
 
 def test_conversations_continue_their_sessions(server):
@@ -194,6 +208,8 @@ def test_session_ids_from_path_and_headers(server):
     ({"model": "m", "max_tokens": 4, "messages": [{"role": "system", "content": "x"}]}, "role"),
     ({"model": "m", "max_tokens": 4, "tools": [{"type": "web_search_20250305", "name": "web_search"}],
       "messages": [{"role": "user", "content": "x"}]}, "server tool"),
+    ({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "JSON?"},
+                                                  {"role": "assistant", "content": '{"answer":'}]}, "prefill"),
 ])
 def test_bad_requests_get_anthropic_errors_and_store_nothing(server, body, fragment):
     base, pool = server

@@ -180,7 +180,8 @@ def test_areal_key_style_session_reward_and_end(engine, tmp_path):
         assert_error(httpx.post(f"{base}/rl/set_reward", json={"reward": 5}, headers=key), 400)  # rewards are in [-1, 1]
         ended = httpx.post(f"{base}/rl/end_session", headers=key)
         assert ended.json() == {"message": "success", "interaction_count": 2}
-        assert_error(httpx.post(f"{base}/rl/end_session", headers=key), 410)  # AReaL: already ended
+        ended = assert_error(httpx.post(f"{base}/rl/end_session", headers=key), 410)  # AReaL: already ended
+        assert ended["type"] == "invalid_request_error"  # the client's mistake, not the server's
         steps = {s.step_id: s for s in steps_of(pool, 2)}
         assert {s.session_id for s in steps.values()} == {"math-1-0"}
         rewards = {sid: pool.show(sid)["rewards"] for sid in (one.id + "-0", two.id + "-0")}

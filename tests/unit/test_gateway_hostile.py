@@ -123,6 +123,19 @@ def test_hostile_bodies_get_4xx_in_the_routes_shape_and_the_connection_survives(
         assert pool.stats()["steps"] == served
 
 
+def test_dot_segment_and_newline_session_ids_are_refused(scripted, tmp_path):
+    """"." and ".." would be dot segments in the dashboard's session links (browsers resolve them
+    away); a final newline got past the id check's `$`."""
+    with live_gateway(scripted, tmp_path) as (base, pool):
+        for sid in (".", ".."):
+            refused = httpx.post(f"{base}{CHAT}", json=VALID, headers={"X-Session-Id": sid})
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == "X-Session-Id"
+        refused = httpx.post(f"{base}/abc%0A/p/v1/chat/completions", json=VALID)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "session_id"
+        assert httpx.post(f"{base}{CHAT}", json=VALID, headers={"X-Session-Id": "..a"}).status_code == 200
+        assert [s.session_id for s in steps_of(pool, 1)] == ["..a"]
+
+
 def test_a_request_larger_than_the_gateway_ever_admits_is_a_400_not_a_429(scripted, tmp_path):
     """prompts x n beyond `gateway.max_pending` can never run: a 429 ("retry shortly") would have
     SDKs retry it forever on an idle gateway."""

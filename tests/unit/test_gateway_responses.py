@@ -126,6 +126,7 @@ def test_tool_calls_come_back_as_function_call_items_and_the_session_continues(e
         assert [i.type for i in final.output] == ["message", "function_call"]
         assert "response.function_call_arguments.done" in [e.type for e in events]
         assert final.output[1].arguments == '{"city": "Paris"}'
+        assert final.output_text == reply.output_text  # streamed or not, the same text
         steps = sorted(steps_of(pool, 2), key=lambda s: s.turn_index)
     assert steps[0].session_id == steps[1].session_id and [s.turn_index for s in steps] == [0, 1]
     assert steps[1].messages[-1] == {"role": "tool", "tool_call_id": call.call_id, "content": "18 C"}

@@ -101,11 +101,17 @@ def test_metrics_need_the_admin_key_when_one_is_set(engine, tmp_path):
         assert ok.status_code == 200 and "clawr1_requests_total" in ok.text
 
 
-def test_metrics_take_an_agent_key_when_no_admin_key_is_set(engine, tmp_path):
-    with live_gateway(engine, tmp_path, 'gateway.api_keys=["sk-agent-key"]') as (base, _), \
-            httpx.Client(base_url=base) as client:
+def test_metrics_take_an_agent_key_when_no_admin_key_is_set_but_never_another_tenants(engine, tmp_path):
+    """The exposition names every tenant's adapter: a tenant's key does not read it."""
+    overrides = ('gateway.api_keys=["sk-agent-key"]', 'tenants.keys={acme=["sk-acme-key"]}')
+    with live_gateway(engine, tmp_path, *overrides) as (base, _), httpx.Client(base_url=base) as client:
         assert client.get("/metrics").status_code == 401
         assert client.get("/metrics", headers={"Authorization": "Bearer sk-agent-key"}).status_code == 200
+        refused = client.get("/metrics", headers={"Authorization": "Bearer sk-acme-key"})
+        assert refused.status_code == 401 and "gateway.admin_key" in refused.json()["error"]["message"]
+    with live_gateway(engine, tmp_path / "only-tenants", 'tenants.keys={acme=["sk-acme-key"]}') as (base, _):
+        assert httpx.get(f"{base}/metrics", headers={"Authorization": "Bearer sk-acme-key"}).status_code == 401
+        assert httpx.get(f"{base}/metrics").status_code == 401  # keys are set: not open
 
 
 def _step(step_id: str, turn: int) -> Step:

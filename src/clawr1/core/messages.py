@@ -35,6 +35,13 @@ def arguments_value(arguments: Any) -> Any:
     return arguments
 
 
+def arguments_object(arguments: Any) -> dict[str, Any]:
+    """Arguments as a JSON object, as APIs that require one take them (Anthropic's `input`): a
+    value that is none (a model's odd output: text, a list) is wrapped as `{"arguments": value}`."""
+    value = arguments_value(arguments)
+    return value if isinstance(value, dict) else {"arguments": value}
+
+
 def format_tool_call(name: str, arguments: Any) -> str:
     """One tool call as the engine's convention writes it for models without native tools (the
     Hermes/Qwen format): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`."""

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from clawr1.core.messages import arguments_value
+from clawr1.core.messages import arguments_object
 from clawr1.core.types import Generation, ParsedCompletion, SamplingParams, ToolCall
 from clawr1.gateway.errors import APIError
 from clawr1.gateway.streaming import spliced
@@ -93,6 +93,11 @@ class MessagesRequest(BaseModel):
                 for t in self.tools]
 
     def chat_messages(self) -> list[dict[str, Any]]:
+        if self.messages[-1].role == "assistant":
+            # Anthropic's prefill continues that turn; the engine would close it and open another
+            # (and the pool would store a two-assistant prompt as a training sample): refused.
+            raise _bad("a final assistant message (prefill) is not supported: end with a user message",
+                       f"messages.{len(self.messages) - 1}.role")
         out: list[dict[str, Any]] = []
         system = [self.system] if isinstance(self.system, str) else _texts(self.system or [], "system")
         if any(system):
@@ -167,9 +172,8 @@ def _bad(message: str, param: str) -> APIError:
 # ---- out ------------------------------------------------------------------------------------
 def tool_use(call: ToolCall) -> dict[str, Any]:
     """`input` must be an object; arguments that are not one (a model's odd output) are wrapped."""
-    value = arguments_value(call.arguments)
     return {"type": "tool_use", "id": "toolu_" + call.id.removeprefix("call_"), "name": call.name,
-            "input": value if isinstance(value, dict) else {"arguments": value}}
+            "input": arguments_object(call.arguments)}
 
 
 def stop_reason(gen: Generation, parsed: ParsedCompletion) -> str:

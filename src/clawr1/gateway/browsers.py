@@ -12,8 +12,11 @@ its browser can reach 127.0.0.1 two ways:
   same-origin and may read replies (the dashboard's conversations). They still carry the page's
   name as `Host`; an open gateway answers only loopback names.
 
-A gateway with keys needs neither rule: a page has no key, and the dashboard's login cookie is
-`SameSite=Strict`. Programs (SDKs, curl, agents) send no `Origin` and name the host they dialled.
+A gateway with keys needs neither rule for its API: a page has no key. The dashboard's login
+cookie is `SameSite=Strict`, which stops cross-site pages but not same-site ones (another port of
+this host, a sibling subdomain), so the dashboard's forms refuse any page but its own
+(`cross_site`) with keys too. Programs (SDKs, curl, agents) send no `Origin` and name the host
+they dialled.
 """
 
 from __future__ import annotations
@@ -35,14 +38,20 @@ def refusal(method: str, headers: Mapping[str, str]) -> APIError | None:
     if host is not None and not _loopback(host):
         return APIError(403, f"this gateway has no keys, so it answers loopback names only, not Host {host[:100]!r}; "
                              "to serve other names, set gateway.api_keys", code="host_not_allowed")
+    return cross_site(method, headers, "on a gateway with no keys")
+
+
+def cross_site(method: str, headers: Mapping[str, str], where: str) -> APIError | None:
+    """Why a request that would change something comes from another site's or origin's page, or
+    None. `where`: what the page may not change things on, for the message."""
     if method.upper() in SAFE_METHODS:
         return None
     # A browser's own word first (pages cannot set `Sec-Fetch-Site`); browsers without it (before
     # 2020-2023) are judged by `Origin`.
     origin, site = headers.get("origin"), headers.get("sec-fetch-site")
-    if site in ("cross-site", "same-site") or (site is None and origin is not None and _foreign(origin, host or "")):
-        return APIError(403, f"a web page ({origin or site}) may not change anything on a gateway with no keys",
-                        code="cross_site_refused")
+    if site in ("cross-site", "same-site") or (site is None and origin is not None
+                                                and _foreign(origin, headers.get("host") or "")):
+        return APIError(403, f"a web page ({origin or site}) may not change anything {where}", code="cross_site_refused")
     return None
 
 

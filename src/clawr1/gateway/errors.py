@@ -20,7 +20,8 @@ from clawr1.core.types import EngineError
 log = logging.getLogger(__name__)
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 405: "invalid_request_error", 409: "invalid_request_error", 413: "invalid_request_error",
+          404: "not_found_error", 405: "invalid_request_error", 409: "invalid_request_error", 410: "invalid_request_error",
+          413: "invalid_request_error",
           429: "rate_limit_error", 502: "server_error", 503: "server_error", 504: "timeout_error"}
 
 

@@ -29,7 +29,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from clawr1.core.messages import arguments_value, text_of
+from clawr1.core.messages import arguments_object, text_of
 
 # How agents open the message that replaces the turns they compacted away. OpenClaw's (a user
 # message; `COMPACTION_SUMMARY_PREFIX` in its harness) also takes in the last user message before
@@ -60,8 +60,10 @@ def _plain(text: str) -> str:
 
 
 def fingerprint(message: dict[str, Any]) -> str:
-    """What identifies a message across replays: role, trimmed text, tool calls without ids."""
-    calls = [(c.get("function", {}).get("name"), arguments_value(c.get("function", {}).get("arguments")))
+    """What identifies a message across replays: role, trimmed text, tool calls without ids (their
+    arguments as an object: the Anthropic route sends a call whose arguments are none wrapped, and
+    its client replays it so)."""
+    calls = [(c.get("function", {}).get("name"), arguments_object(c.get("function", {}).get("arguments")))
              for c in message.get("tool_calls") or []]
     # Only arguments hold mappings to sort; without calls the plain encoder (cached, ~30% faster)
     # writes the same text.

@@ -29,6 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from clawr1.core.records import DEFAULT_TENANT
 from clawr1.core.types import Generation, TokenEvent
 from clawr1.gateway.errors import APIError
 
@@ -252,16 +253,18 @@ class MetricsMiddleware:
 
 
 def authorize(gw: Gateway, request: Request) -> None:
-    """The admin key when one is set, else an agent key (any tenant's) when those are set, else
-    open (loopback)."""
+    """The admin key when one is set, else a key of the default tenant (`gateway.api_keys`) when
+    agent keys are set, else open (loopback). Never another tenant's key: the exposition is every
+    tenant's (their adapters' names and quality), and a tenant never learns of another's adapter."""
     admin = gw.config.gateway.admin_key
-    allowed = [admin.encode()] if admin is not None else [key for key, _ in gw.agent_keys]
-    if not allowed:
+    if admin is None and not gw.agent_keys:
         return
+    allowed = ([admin.encode()] if admin is not None
+               else [key for key, owner in gw.agent_keys if owner == DEFAULT_TENANT])
     auth = request.headers.get("authorization", "")
     token = (auth[7:].strip() if auth.startswith("Bearer ") else "").encode()
     if not any(hmac.compare_digest(token, key) for key in allowed):
-        which = "the admin key" if admin is not None else "an API key"
+        which = "the admin key" if admin is not None else "a key of gateway.api_keys (or set gateway.admin_key)"
         raise APIError(401, f"/metrics needs {which} (Authorization: Bearer <key>)", code="invalid_api_key")
 
 

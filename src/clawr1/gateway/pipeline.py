@@ -528,7 +528,8 @@ def _wants_base(gw: Gateway, caller: Caller, headers: dict[str, str]) -> bool:
 
 def safe_text(visible: str, sent: str, watch_tools: bool) -> str:
     """New content that is safe to stream: with tools on, nothing from a `<tool_call>` on (and no
-    suffix that could start one), since it may turn into a structured tool call at the end."""
+    suffix that could start one, nor trailing whitespace), since it may turn into a structured tool
+    call at the end."""
     end = len(visible)
     if watch_tools:
         at = visible.find(TOOL_OPEN)
@@ -539,6 +540,9 @@ def safe_text(visible: str, sent: str, watch_tools: bool) -> str:
                 if visible.endswith(TOOL_OPEN[:n]):
                     end -= n
                     break
+        # Whitespace before a call is stripped from the reply's content (`ChatFormat.parse`): it is
+        # held until text follows, so that a stream says what the plain reply says.
+        end = len(visible[:end].rstrip())
     return visible[len(sent):end] if end > len(sent) else ""
 
 

@@ -156,9 +156,11 @@ _ID_OK = re.compile(r"^[^\x00-\x1f\x7f/]{1,256}$")
 def check_id(value: str, name: str) -> str:
     """A session or prompt id a client names (path or header): 1-256 characters, no control
     characters or slashes (they are stored, shown on the dashboard and used in paths)."""
-    if not _ID_OK.match(value):
-        raise APIError(400, f"{name} must be 1-256 characters without control characters or '/'",
-                       param=name, code="invalid_value")
+    # fullmatch: `$` would let a final newline through. "." and "..": a link to such a session is
+    # a dot segment, which browsers resolve away (its dashboard page could not be reached).
+    if not _ID_OK.fullmatch(value) or value in (".", ".."):
+        raise APIError(400, f"{name} must be 1-256 characters without control characters or '/', "
+                            "and not '.' or '..'", param=name, code="invalid_value")
     return value
 
 

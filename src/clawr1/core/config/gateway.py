@@ -111,7 +111,7 @@ class TenantsConfig(_Section):
 
         seen: set[str] = set()
         for tenant, values in keys.items():
-            if not re.match(TENANT_NAME, tenant):
+            if not re.fullmatch(TENANT_NAME, tenant):
                 raise ValueError(f"tenant name {tenant!r} must match {TENANT_NAME}")
             for key in values:
                 if len(key) < 8 or key in seen:

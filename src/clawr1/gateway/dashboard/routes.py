@@ -26,6 +26,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from clawr1.core.config import TENANT_NAME
 from clawr1.core.records import DEFAULT_TENANT
 from clawr1.engine import adapters as store
+from clawr1.gateway import browsers
 from clawr1.gateway.dashboard import data, views
 from clawr1.gateway.errors import APIError
 
@@ -75,6 +76,14 @@ def _require(request: Request) -> None:
                        code="invalid_api_key")
 
 
+def _from_elsewhere(request: Request) -> HTMLResponse | None:
+    """A form post from any page but the dashboard's own (the login cookie rides along on
+    same-site requests): refused, with keys or without."""
+    refused = browsers.cross_site(request.method, {k.lower(): v for k, v in request.headers.items()},
+                                  "on this dashboard")
+    return None if refused is None else _html(views.missing_page(refused.message, "Refused"), 403)
+
+
 def _note(kind: Access) -> str:
     return "signed in with the admin key" if kind == "admin" else "open: no keys configured, loopback only"
 
@@ -82,7 +91,7 @@ def _note(kind: Access) -> str:
 def _tenant(request: Request) -> str | None:
     """`?tenant=NAME`: the dashboard of one tenant (its sessions, samples, adapter); else everyone's."""
     tenant = request.query_params.get("tenant") or None
-    if tenant is not None and not re.match(TENANT_NAME, tenant):
+    if tenant is not None and not re.fullmatch(TENANT_NAME, tenant):
         raise APIError(400, f"tenant must match {TENANT_NAME}", param="tenant")
     return tenant
 
@@ -102,6 +111,8 @@ async def dashboard(request: Request) -> Response:
 
 @router.post("/dashboard/login")
 async def login(request: Request) -> Response:
+    if (refused := _from_elsewhere(request)) is not None:
+        return refused
     admin = request.app.state.gateway.config.gateway.admin_key
     if admin is None:  # nothing to sign in to: open, or disabled
         kind = access(request)
@@ -119,7 +130,9 @@ async def login(request: Request) -> Response:
 
 
 @router.post("/dashboard/logout")
-async def logout() -> Response:
+async def logout(request: Request) -> Response:
+    if (refused := _from_elsewhere(request)) is not None:
+        return refused
     response = RedirectResponse("/dashboard", 303)
     response.delete_cookie(COOKIE, path="/dashboard")
     return response
@@ -132,6 +145,8 @@ async def version_action(request: Request) -> Response:
     kind = access(request)
     if kind in ("login", "disabled"):
         return _refused(kind)
+    if (refused := _from_elsewhere(request)) is not None:
+        return refused
     raw = await request.body()
     if len(raw) > 4096:
         return _html(views.missing_page("that form was too large"), 413)
@@ -140,7 +155,7 @@ async def version_action(request: Request) -> Response:
     tenant = form.get("tenant") or None
     version = form.get("version", "")
     if form.get("action") not in ("pin", "unpin", "rollback") or not (version.isdigit() or form["action"] == "unpin") \
-            or (tenant is not None and not re.match(TENANT_NAME, tenant)):
+            or (tenant is not None and not re.fullmatch(TENANT_NAME, tenant)):
         return _html(views.missing_page("not a version action"), 400)
     root, name = Path(gw.config.data_dir) / "adapters", gw.adapter_of(tenant or DEFAULT_TENANT)
     if form["action"] != "unpin" and int(version) != 0 and int(version) not in store.published(root, name):

@@ -299,5 +299,5 @@ def disabled_page() -> str:
     return _page("Claw-R1 dashboard", body, "admin key not configured")
 
 
-def missing_page(message: str) -> str:
-    return _page("Claw-R1 dashboard", f'<section><h2>Not found</h2><p>{escape(message)}</p></section>', "")
+def missing_page(message: str, heading: str = "Not found") -> str:
+    return _page("Claw-R1 dashboard", f'<section><h2>{escape(heading)}</h2><p>{escape(message)}</p></section>', "")
