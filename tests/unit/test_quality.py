@@ -148,6 +148,33 @@ def test_a_reply_that_asks_the_question_back_is_never_sane(engine, embedder):
                       "What's a nice way to spend a Sunday afternoon?")
 
 
+def test_a_restated_question_or_a_bare_refusal_is_never_sane(engine, embedder):
+    """The base model's own likely wordings of a non-answer (a review, 2026-12-06) passed every
+    measure on all 12 everyday probes: the question restated in a frame ("There are many ways to
+    ...", "So you want to know how to ...?") adds no content word, and a refusal adds a few. A
+    hedge before a real answer, a short factual answer and a real answer are none of these."""
+    from clawr1.quality.measures import echoes, refuses
+
+    basil = "How do I keep basil fresh?"
+    assert echoes("So you want to know how to keep basil fresh?", basil)
+    assert echoes("There are many ways to keep your basil fresh.", basil)
+    assert refuses("There are many ways to keep basil fresh, but I'm afraid I'm unable to provide that.", basil)
+    assert refuses("I'm sorry, but I can't help with your workout routine.", "Can you suggest a workout routine?")
+    answers = [("Put the stems in a glass of water on the counter, like cut flowers, and cover the leaves loosely.", basil),
+               ("I can't say for sure, but generally water succulents every two weeks, letting the soil dry out "
+                "between waterings, and use a pot with drainage holes.", "How often should I water succulents?"),
+               ("The capital of France is Paris.", "What is the capital of France?"),
+               ("I'm sorry to hear that. Try a little white vinegar on a cloth to lift the stain.", "How do I clean a rug?")]
+    for text, question in answers:
+        assert not echoes(text, question) and not refuses(text, question), text
+    messages = [{"role": "user", "content": basil}]
+    refusal = "I'm sorry, but I can't help with keeping basil fresh."
+    [measured] = run(QualityMeter(engine, embedder).measure(
+        [Reply(messages, refusal, engine.tokenizer.encode(refusal, add_special_tokens=False), engine.render(messages))]))
+    generous = Calibration(-1.0, -100.0, 1.0, 16, 0.5, -1.0, 0.0)
+    assert measured.refusal and insane_because(measured, generous) == ["refuses"]
+
+
 def test_calibration_thresholds_from_a_given_set():
     base = [q(relevance=r / 10, fluency=-1 - r / 10, rep=0.01 * r) for r in range(11)] + [q(empty=True)]
     cal = calibrate(base)

@@ -129,6 +129,8 @@ def insane_because(q: Quality, calibration: Calibration) -> list[str]:
         why.append(f"repetition {q.repetition:.3f} > {calibration.repetition_max:.3f}")
     if q.echo:
         why.append("echoes the request")
+    if q.refusal:
+        why.append("refuses")
     return why
 
 

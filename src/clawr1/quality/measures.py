@@ -22,7 +22,10 @@ gets four measures that need no labels and no judge:
   behaviour logprobs are of.
 
 An empty or whitespace-only reply is never sane, whatever its numbers; nor is an echo (a reply
-made of the request's own words: relevance 1.0, fluent, nothing repeated, and it says nothing).
+whose content words are the request's own: relevance near 1.0, fluent, nothing repeated, and it
+says nothing: the question asked back or restated), nor a bare refusal. The base model's own
+likely wordings of both passed every other measure (a review, 2026-12-06: "There are many ways
+to keep basil fresh, but I'm afraid I'm unable to provide that." was sane on all 12 probes).
 """
 
 from __future__ import annotations
@@ -87,12 +90,13 @@ class Quality:
     n_tokens: int
     kl: float | None = None
     entropy: float | None = None
-    echo: bool = False  # `echoes`: the reply repeats the request
+    echo: bool = False  # `echoes`: the reply says nothing the request did not
+    refusal: bool = False  # `refuses`: the reply declines and gives nothing else
 
     def to_dict(self) -> dict[str, Any]:
         return {"relevance": self.relevance, "fluency": self.fluency, "repetition": self.repetition,
                 "empty": self.empty, "n_tokens": self.n_tokens, "kl": self.kl, "entropy": self.entropy,
-                "echo": self.echo}
+                "echo": self.echo, "refusal": self.refusal}
 
 
 TOPIC_TURNS = 2  # user messages a request's topic is read from
@@ -115,18 +119,44 @@ def words(text: str) -> list[str]:
     return [w.lower() for w in _WORD.findall(text)]
 
 
-ECHO_SHARE = 0.9  # a reply this much of whose words are the request's repeats it
+ECHO_SHARE = 0.9  # a reply this much of whose content words are the request's repeats it
+# Words that carry no content of their own: function words, and the frames a reply restates a
+# question in ("So you want to know how to ...?", "There are many ways to ...").
+FRAME_WORDS = frozenset(["a", "an", "the", "and", "or", "but", "if", "so", "then", "than", "that", "this", "these", "those", "it", "its", "it's", "i", "i'm", "i'd", "i'll", "i've", "me", "my", "you", "you're", "you'd", "you'll", "your", "we", "we're", "our", "they", "they're", "their", "he", "she", "his", "her", "is", "are", "was", "were", "be", "been", "being", "am", "do", "does", "did", "doing", "done", "have", "has", "had", "can", "could", "will", "would", "shall", "should", "may", "might", "must", "to", "of", "in", "on", "at", "by", "for", "with", "about", "from", "into", "over", "under", "up", "down", "out", "off", "as", "not", "no", "how", "what", "when", "where", "which", "who", "whom", "why", "whether", "there", "here", "want", "wants", "wanted", "know", "knows", "knowing", "wonder", "wondering", "ask", "asks", "asking", "asked", "question", "questions", "like", "many", "ways", "way", "some", "any", "lot", "lots", "great", "good", "sure", "ok", "okay", "yes", "well", "just", "really"])
+REFUSAL = re.compile(
+    r"\b(?:i|we)(?: a|')m (?:sorry|afraid)\b.{0,40}\b(?:can(?:no|')t|unable|not able)\b"
+    r"|\b(?:i|we) (?:can(?:no|')t|cannot|(?:a|')m unable to|(?:a|')m not able to|won't be able to) "
+    r"(?:help|assist|provide|answer|do|give|share|tell|offer)\b"
+    r"|\bunable to (?:help|assist|provide|answer|give|offer)\b", re.IGNORECASE)
+REFUSAL_MAX_NEW = 8  # a refusal with this many new content words or more is a hedge before an answer
+
+
+def content_words(text: str) -> list[str]:
+    """The words of `text` that say something (`FRAME_WORDS` dropped)."""
+    return [w for w in words(text) if w not in FRAME_WORDS]
 
 
 def echoes(reply: str, request: str) -> bool:
-    """The reply repeats the request instead of answering it: three words or more, at least
-    `ECHO_SHARE` of them words of the request. ("To pick a ripe avocado, press it gently" shares
-    half its words with "How do I pick a good avocado?"; the question asked back shares all.)"""
-    said = words(reply)
-    if len(said) < 3:
+    """The reply says nothing the request did not: three words or more, and at least `ECHO_SHARE`
+    of its content words (none at all included) are the request's. The question asked back ("So
+    you want to know how to make cold brew at home?") and the question restated ("There are many
+    ways to make a small apartment feel bigger.") add only frame words; "To pick a ripe avocado,
+    press it gently" adds "ripe", "press", "gently"."""
+    if len(words(reply)) < 3:
         return False
     asked = set(words(request))
-    return sum(word in asked for word in said) >= ECHO_SHARE * len(said)
+    content = content_words(reply)
+    return sum(word in asked for word in content) >= ECHO_SHARE * len(content)
+
+
+def refuses(reply: str, request: str) -> bool:
+    """A refusal ("I'm sorry, but I can't help with that.", "..., but I'm afraid I'm unable to
+    provide that.") that gives nothing else: fewer than `REFUSAL_MAX_NEW` content words the
+    request did not have. An everyday question refused is not an answer, however fluent."""
+    if REFUSAL.search(reply) is None:
+        return False
+    asked = set(words(request))
+    return len({w for w in content_words(reply) if w not in asked}) < REFUSAL_MAX_NEW
 
 
 def repetition(text: str, n: int = NGRAM) -> float:

@@ -28,6 +28,7 @@ from clawr1.quality.measures import (
     entropy_estimate,
     fluency,
     kl_estimate,
+    refuses,
     repetition,
     request_text,
 )
@@ -86,7 +87,7 @@ class QualityMeter:
             out.append(Quality(relevance=relevance, fluency=fluency(base) if base else None,
                                repetition=repetition(reply.text), empty=reply.empty,
                                n_tokens=len(reply.token_ids), kl=kl, entropy=entropy,
-                               echo=echoes(reply.text, request)))
+                               echo=echoes(reply.text, request), refusal=refuses(reply.text, request)))
         return out, vectors, requests
 
     def _embed(self, texts: list[str]) -> dict[str, torch.Tensor]:
