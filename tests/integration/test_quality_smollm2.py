@@ -42,10 +42,11 @@ def messages(question):
 
 
 def text_reply(engine, question, text):
-    """A finished reply given as text: its tokens plus the end-of-turn token a served reply ends with."""
+    """A finished reply given as text: its tokens plus the end-of-turn token a served reply ends with,
+    scored at the base replies' temperature (0.7), the scale their calibration is on."""
     end = engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
     ids = engine.tokenizer.encode(text, add_special_tokens=False) + [end]
-    return Reply(messages(question), text, ids, engine.render(messages(question)))
+    return Reply(messages(question), text, ids, engine.render(messages(question)), temperature=0.7)
 
 
 def show(label, reply, quality, calibration):
