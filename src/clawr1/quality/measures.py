@@ -122,10 +122,18 @@ def words(text: str) -> list[str]:
 ECHO_SHARE = 0.9  # a reply this much of whose content words are the request's repeats it
 # Words that carry no content of their own: function words, and the frames a reply restates a
 # question in ("So you want to know how to ...?", "There are many ways to ...").
-FRAME_WORDS = frozenset(["a", "an", "the", "and", "or", "but", "if", "so", "then", "than", "that", "this", "these", "those", "it", "its", "it's", "i", "i'm", "i'd", "i'll", "i've", "me", "my", "you", "you're", "you'd", "you'll", "your", "we", "we're", "our", "they", "they're", "their", "he", "she", "his", "her", "is", "are", "was", "were", "be", "been", "being", "am", "do", "does", "did", "doing", "done", "have", "has", "had", "can", "could", "will", "would", "shall", "should", "may", "might", "must", "to", "of", "in", "on", "at", "by", "for", "with", "about", "from", "into", "over", "under", "up", "down", "out", "off", "as", "not", "no", "how", "what", "when", "where", "which", "who", "whom", "why", "whether", "there", "here", "want", "wants", "wanted", "know", "knows", "knowing", "wonder", "wondering", "ask", "asks", "asking", "asked", "question", "questions", "like", "many", "ways", "way", "some", "any", "lot", "lots", "great", "good", "sure", "ok", "okay", "yes", "well", "just", "really"])
-REFUSAL = re.compile(
-    r"\b(?:i|we)(?: a|')m (?:sorry|afraid)\b.{0,40}\b(?:can(?:no|')t|unable|not able)\b"
-    r"|\b(?:i|we) (?:can(?:no|')t|cannot|(?:a|')m unable to|(?:a|')m not able to|won't be able to) "
+FRAME_WORDS = frozenset("""
+a an the and or but if so then than that this these those it its it's i i'm i'd i'll i've me my
+you you're you'd you'll your we we're our they they're their he she his her is are was were be
+been being am do does did doing done have has had can could will would shall should may might
+must to of in on at by for with about from into over under up down out off as not no how what
+when where which who whom why whether there here want wants wanted know knows knowing wonder
+wondering ask asks asking asked question questions like many ways way some any lot lots great
+good sure ok okay yes well just really
+""".split())  # noqa: SIM905 (a word list reads better as text)
+REFUSAL = re.compile(  # ’ too: models write typographic apostrophes
+    r"\b(?:i|we)(?: a|['’])m (?:sorry|afraid)\b.{0,40}\b(?:can(?:no|['’])t|unable|not able)\b"
+    r"|\b(?:i|we) (?:can(?:no|['’])t|cannot|(?:a|['’])m unable to|(?:a|['’])m not able to|won['’]t be able to) "
     r"(?:help|assist|provide|answer|do|give|share|tell|offer)\b"
     r"|\bunable to (?:help|assist|provide|answer|give|offer)\b", re.IGNORECASE)
 REFUSAL_MAX_NEW = 8  # a refusal with this many new content words or more is a hedge before an answer
