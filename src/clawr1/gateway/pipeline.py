@@ -542,7 +542,8 @@ def safe_text(visible: str, sent: str, watch_tools: bool) -> str:
                     break
         # Whitespace before a call is stripped from the reply's content (`ChatFormat.parse`): it is
         # held until text follows, so that a stream says what the plain reply says.
-        end = len(visible[:end].rstrip())
+        while end > len(sent) and visible[end - 1].isspace():
+            end -= 1
     return visible[len(sent):end] if end > len(sent) else ""
 
 
