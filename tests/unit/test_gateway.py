@@ -315,3 +315,23 @@ def test_the_last_tokens_of_a_stream_do_not_wait_for_the_commit(engine, tmp_path
     last = max(i for i, t in enumerate(texts) if '"content":' in t and "three" in t)
     finish = min(i for i, t in enumerate(texts) if '"finish_reason":' in t and '"finish_reason":null' not in t)
     assert last < finish and times[last] < committed[0] <= times[finish], (texts, times, committed)
+
+
+@pytest.mark.parametrize("reply", [
+    'Let me check.\n<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>',
+    'Checking.<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>\nDone soon.',
+])
+def test_a_streamed_tool_call_reply_says_what_the_plain_reply_says(engine, tmp_path, reply):
+    """Whitespace before a call is held (the plain content strips it) and text after the calls is
+    sent at the end (the plain content keeps it)."""
+    from tests.scripted_engine import ScriptedEngine
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    body = {"model": "m", "messages": [{"role": "user", "content": "Weather?"}], "tools": tools}
+    with live_gateway(ScriptedEngine(engine, reply), tmp_path) as (base, _):
+        plain = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=30).json()["choices"][0]["message"]
+        lines = httpx.post(f"{base}/v1/chat/completions", json={**body, "stream": True}, timeout=30).text.splitlines()
+    deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in lines if line.startswith("data: {")]
+    assert "".join(d.get("content") or "" for d in deltas) == plain["content"]
+    assert [c["function"]["arguments"] for d in deltas for c in d.get("tool_calls", [])] == \
+        [c["function"]["arguments"] for c in plain["tool_calls"]]

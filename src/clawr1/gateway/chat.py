@@ -12,7 +12,7 @@ from clawr1.core.types import EngineError, Generation, ParsedCompletion
 from clawr1.gateway import schema
 from clawr1.gateway.errors import APIError
 from clawr1.gateway.ids import new_id
-from clawr1.gateway.pipeline import Exchange, Job, Wire, handle, safe_text
+from clawr1.gateway.pipeline import Exchange, Job, Wire, handle, safe_text, tail
 from clawr1.gateway.service import Caller, Gateway
 from clawr1.gateway.sessions import affinity_key
 from clawr1.gateway.streaming import spliced, sse
@@ -88,11 +88,12 @@ class Chat(Wire):
                 else:
                     yield chunks.content(delta)
         gen, parsed = await ex.finish()  # recorded (committed with durable_reply) before the last chunks
+        rest = tail(gen, parsed, sent)
+        if rest:
+            yield chunks.content(rest)
         if parsed.tool_calls:
             calls = schema.message_of(parsed)["tool_calls"]
             yield chunks.event({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]})
-        elif len(gen.content) > len(sent):
-            yield chunks.content(gen.content[len(sent):])
         yield chunks.event({}, finish=schema.finish_reason(gen, parsed),
                            logprobs={"content": logprobs} if logprobs else None)
         if req.stream_options and req.stream_options.include_usage:

@@ -547,6 +547,18 @@ def safe_text(visible: str, sent: str, watch_tools: bool) -> str:
     return visible[len(sent):end] if end > len(sent) else ""
 
 
+def tail(gen: Generation, parsed: ParsedCompletion, sent: str) -> str:
+    """Content not streamed yet when the generation ended: a held-back tool-call prefix that turned
+    out to be text, text before a stop sequence, or, when the reply became tool calls, text the
+    model wrote after them (the plain reply's content keeps it). Streamed or not, a reply says the
+    same; a plain content that does not continue what was streamed (whitespace before the text,
+    which it strips) adds nothing."""
+    if not parsed.tool_calls:
+        return gen.content[len(sent):] if len(gen.content) > len(sent) else ""
+    content = parsed.content or ""
+    return content[len(sent):] if content.startswith(sent) else ""
+
+
 def _log_failure(future: Any, step_id: str) -> None:
     if future.exception() is not None:
         log.error("recording %s failed: %s", step_id, future.exception())

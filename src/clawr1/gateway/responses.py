@@ -16,9 +16,9 @@ from clawr1.gateway import responses_wire as wire
 from clawr1.gateway import schema
 from clawr1.gateway.errors import APIError
 from clawr1.gateway.ids import new_id
-from clawr1.gateway.pipeline import Exchange, Job, Wire, handle
+from clawr1.gateway.pipeline import Exchange, Job, Wire, handle, tail
 from clawr1.gateway.service import Caller, Gateway
-from clawr1.gateway.translated import chat_job, tail
+from clawr1.gateway.translated import chat_job
 
 router = APIRouter()
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from clawr1.core.types import Generation, ParsedCompletion, SamplingParams
+from clawr1.core.types import SamplingParams
 from clawr1.gateway.pipeline import Job
 from clawr1.gateway.service import Caller, Gateway
 from clawr1.gateway.sessions import affinity_key
@@ -25,14 +25,6 @@ def chat_job(gw: Gateway, req: Any, caller: Caller, reply_id: str, messages: lis
     prompt = gw.engine.render(messages, tools)
     return Job(req, reply_id, [prompt], [sampling], messages, tools, bool(req.stream), watch_tools=tools is not None,
                affinity=affinity_key(caller.tenant, messages, headers, path_ids, caller.session_id))
-
-
-def tail(gen: Generation, parsed: ParsedCompletion, sent: str) -> str:
-    """Content not streamed yet when the generation ended (a held-back tool-call prefix that turned
-    out to be text, or text before a stop sequence); none when the reply became tool calls."""
-    if parsed.tool_calls or len(gen.content) <= len(sent):
-        return ""
-    return gen.content[len(sent):]
 
 
 def text_content(texts: list[str]) -> str | list[dict[str, str]] | None:
