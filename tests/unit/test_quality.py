@@ -161,8 +161,8 @@ def test_a_restated_question_or_a_bare_refusal_is_never_sane(engine, embedder):
     assert refuses("There are many ways to keep basil fresh, but I'm afraid I'm unable to provide that.", basil)
     assert refuses("I'm sorry, but I can't help with your workout routine.", "Can you suggest a workout routine?")
     answers = [("Put the stems in a glass of water on the counter, like cut flowers, and cover the leaves loosely.", basil),
-               ("I can't say for sure, but generally water succulents every two weeks, letting the soil dry out "
-                "between waterings, and use a pot with drainage holes.", "How often should I water succulents?"),
+               (("I can't say for sure, but generally water succulents every two weeks, letting the soil dry out "
+                 "between waterings, and use a pot with drainage holes."), "How often should I water succulents?"),
                ("The capital of France is Paris.", "What is the capital of France?"),
                ("I'm sorry to hear that. Try a little white vinegar on a cloth to lift the stain.", "How do I clean a rug?")]
     for text, question in answers:
