@@ -239,7 +239,7 @@ def test_late_verdicts_install_the_newest_promoted_candidate_and_drop_the_decide
     assert guarded.adopt_late(tmp_path, None, root, "policy", promoted=0, keep=1) == 2
     assert json.loads((guarded.promoted_path(tmp_path, None) / "state.json").read_text()) == {"version": 2}
     # v1 is below the new incumbent, v3 decided, v4 beyond `keep`: only the newest undecided is kept
-    assert sorted(p.name for p in guarded.candidate_path(tmp_path, None, 0).parent.iterdir()) == ["v5"]
+    assert sorted(p.name for p in guarded.candidates_dir(tmp_path, None).iterdir()) == ["v5"]
     assert guarded.adopt_late(tmp_path, None, root, "policy", promoted=2, keep=1) is None
 
 

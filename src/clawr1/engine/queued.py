@@ -12,7 +12,7 @@ from clawr1.core.types import Generation, TokenEvent
 class QueuedStream:
     def __init__(self, out: asyncio.Queue, gen: Generation):
         """`gen`: the request's Generation as it is being built (its sampler settles `version`)."""
-        self.out, self._gen = out, gen
+        self.out, self.gen = out, gen
         self.generation: Generation | None = None
         self._failed = False
 
@@ -20,7 +20,7 @@ class QueuedStream:
     def version(self) -> int:
         """The policy version that samples this request: the local engine settles it when it
         admits the request (a base-model request queued across a weights swap gets the new one)."""
-        return self._gen.version
+        return self.gen.version
 
     def __aiter__(self) -> QueuedStream:
         return self

@@ -50,7 +50,7 @@ class RemoteStream(QueuedStream):
 
     def __init__(self, gen: Generation, sampling: SamplingParams, max_tokens: int):
         super().__init__(asyncio.Queue(), gen)
-        self.gen, self.sampling, self.max_tokens = gen, sampling, max_tokens
+        self.sampling, self.max_tokens = sampling, max_tokens
         self.task: asyncio.Task | None = None
 
     def cancel(self) -> None:

@@ -72,9 +72,10 @@ class Chat(Wire):
             if event is None:  # queued behind other requests: an empty delta resets client idle timers
                 yield chunks.event({})
                 continue
-            if chunks.version != ex.streams[0].version:
+            if not visible and chunks.version != ex.streams[0].version:
                 # Sampling began on weights swapped in while the request queued: the chunks from
-                # here on name the version that samples it (the one its step records).
+                # here on name the version that samples it (the one its step records; settled
+                # once sampling began, so only checked before the first text).
                 chunks = Chunks(ex.job.reply_id, req.model, ex.streams[0].version, ex.job.created)
             visible += event.text
             if req.logprobs:

@@ -60,7 +60,7 @@ class Completions(Wire):
         sent = visible = ""
         async for event in ex.tokens():
             if event is not None:
-                if version != ex.streams[0].version:  # weights swapped in while it queued (as chat's)
+                if not visible and version != ex.streams[0].version:  # swapped in while it queued (as chat's)
                     version = ex.streams[0].version
                     text = _text_chunk(ex, version)
                 visible += event.text

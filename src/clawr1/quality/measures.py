@@ -150,10 +150,11 @@ def echoes(reply: str, request: str) -> bool:
     you want to know how to make cold brew at home?") and the question restated ("There are many
     ways to make a small apartment feel bigger.") add only frame words; "To pick a ripe avocado,
     press it gently" adds "ripe", "press", "gently"."""
-    if len(words(reply)) < 3:
+    said = words(reply)
+    if len(said) < 3:
         return False
     asked = set(words(request))
-    content = content_words(reply)
+    content = [word for word in said if word not in FRAME_WORDS]
     return sum(word in asked for word in content) >= ECHO_SHARE * len(content)
 
 

@@ -29,17 +29,26 @@ def promoted_path(data_dir: Path, tenant: str | None) -> Path:
     return checkpoint.state_dir(data_dir, tenant) / "promoted"
 
 
+def candidates_dir(data_dir: Path, tenant: str | None) -> Path:
+    return checkpoint.state_dir(data_dir, tenant) / "candidates"
+
+
 def candidate_path(data_dir: Path, tenant: str | None, version: int) -> Path:
     """The state of a version whose verdict did not come while the trainer waited: should the
     guard promote it later, it becomes the incumbent's (`adopt_late`)."""
-    return checkpoint.state_dir(data_dir, tenant) / "candidates" / f"v{version}"
+    return candidates_dir(data_dir, tenant) / f"v{version}"
+
+
+def drop_candidates(data_dir: Path, tenant: str | None) -> None:
+    """An admin's rollback supersedes every version after its target: none may become the incumbent."""
+    shutil.rmtree(candidates_dir(data_dir, tenant), ignore_errors=True)
 
 
 def adopt_late(data_dir: Path, tenant: str | None, root: Path, name: str, promoted: int, keep: int) -> int | None:
     """The newest kept candidate the guard promoted after the trainer stopped waiting, installed
     as the incumbent's checkpoint (what a rejection rolls back to); None when there is none. Drops
     the candidates decided or not above the incumbent, and all but the newest `keep`."""
-    folder = checkpoint.state_dir(data_dir, tenant) / "candidates"
+    folder = candidates_dir(data_dir, tenant)
     if not folder.is_dir():
         return None
     kept = sorted((int(p.name[1:]), p) for p in folder.iterdir() if p.name[1:].isdigit())

@@ -13,7 +13,6 @@ verdict, and a rejected version is undone (weights and optimizer back to the inc
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -298,8 +297,8 @@ class Trainer:
         self.rollbacks.append(request["id"])
         if self.guarded:
             self.keep_promoted()
-            if self.ranks.lead:  # the versions after `to` are superseded: none may become the incumbent
-                shutil.rmtree(guarded.candidate_path(self.root, self.tenant, 0).parent, ignore_errors=True)
+            if self.ranks.lead:
+                guarded.drop_candidates(self.root, self.tenant)
         self.save()
         log.warning("rolled back to v%d by an admin; the next version is v%d", to, self.version + 1)
 
