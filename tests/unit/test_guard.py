@@ -208,6 +208,7 @@ def test_a_version_promoted_after_the_trainer_stopped_waiting_is_what_a_rejectio
         assert metrics["verdict"] == "undecided" and (trainer.weights_of, trainer.promoted) == (1, 0)
         v1 = {k: v.clone() for k, v in trainer.policy.named_trainable().items()}
         store.decide(root, "policy", 1, "promoted", "late", {})
+        trainer.config.guard.decision_timeout_s = 30.0  # v2's verdict is waited for (a loaded machine's judge thread is slow)
 
         store_rewarded(pool, generations[4:8], 4, lambda i: 1.0 if i % 2 else -1.0)
 
