@@ -53,7 +53,7 @@ def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
 def steps_of(pool: DataPool, count: int, timeout: float = 10.0):
     """All stored steps once at least `count` are committed."""
     wait_for(lambda: pool.stats()["steps"] >= count, timeout, f"{count} steps")
-    ids = [t["step_id"] for s in pool.sessions(limit=1000) for t in pool.show(s["session_id"])["steps"]]
+    ids = [t["step_id"] for s in pool.sessions(limit=1000) for t in pool.show(s["session_id"], s["tenant"], "session")["steps"]]
     return pool.get_steps(ids)
 
 

@@ -20,11 +20,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from clawr1.core.config import EMBEDDED_MODEL
+from clawr1.cli.openclaw import openclaw_config
+from clawr1.core.config import EMBEDDED_MODEL, load_config
 from clawr1.datapool import SQLitePool
 from clawr1.engine.models import model_cache_dir
-from tests.gateway_helpers import free_port, healthy, interrupt, wait_for
+from tests.gateway_helpers import free_port, healthy, interrupt, live_gateway, wait_for
 from tests.npm_helpers import node_bin, npm_install
+from tests.scripted_engine import ScriptedEngine
 
 OPENCLAW = "openclaw@2026.9.6"  # needs Node 24.16+ (< 25), which the npm package `node` ships
 MESSAGES = ["What is the capital of France?", "And the capital of Germany?", "Thanks. Name a river there."]
@@ -144,3 +146,30 @@ def test_openclaw_conversation_lands_in_one_session_in_order(real_data_dir, tmp_
         interrupt(up)
     assert up.returncode == 0, log.read_text()[-3000:]
 
+
+
+# A reply with a run that OpenClaw's transcript redaction masks before it resends it (its
+# `maskToken`: the first six characters, `…`, the last four), and one whose whitespace it may trim.
+SECRETIVE = ("Sure. Log in with sk-live-teeth-with-braces-2024 and open the settings page; "
+             "then choose a new password there.  ")
+
+
+def test_openclaw_resends_a_masked_reply_and_the_conversation_stays_one_session(engine, tmp_path):
+    scripted = ScriptedEngine(engine, SECRETIVE)
+    scripted.max_context = 8192  # scripted: no model runs, so OpenClaw's lean prompt may be longer than the tiny one's
+    node = node_bin()
+    folder = npm_install("openclaw", OPENCLAW, node=node)
+    with live_gateway(scripted, tmp_path / "data", 'engine.model="smollm2-135m-instruct"') as (base, pool):
+        config = load_config(None, ['engine.model="smollm2-135m-instruct"'])
+        claw = OpenClaw(folder, node, tmp_path / "home", openclaw_config(
+            config, base_url=f"{base}/v1", context=8192, max_tokens=48, lean=True, workspace=str(tmp_path / "ws")))
+        for message in MESSAGES:
+            claw.say("masked", message)
+        wait_for(lambda: pool.stats()["steps"] >= len(MESSAGES), what="every turn recorded")
+        [session] = pool.sessions()  # one conversation, one session: the masked resend still matched
+        turns = pool.show(session["session_id"], session["tenant"], "session")["steps"]
+        steps = pool.get_steps([t["step_id"] for t in turns])
+    resent = [m for m in steps[1].messages if m["role"] == "assistant"]
+    assert resent and all("sk-live-teeth-with-braces-2024" not in json.dumps(m) for m in resent), resent  # it did mask
+    assert [t["turn_index"] for t in turns] == list(range(len(MESSAGES)))
+    assert all(t["next_step_id"] == u["step_id"] for t, u in itertools.pairwise(turns))

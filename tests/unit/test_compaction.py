@@ -69,7 +69,7 @@ def test_only_the_sessions_own_latest_reply_after_its_last_message_and_system_pr
     # The reply must be the request's last assistant message (the one the new message answers).
     assert matcher.find("default", [*compacted, {"role": "assistant", "content": "C"},
                                     {"role": "user", "content": "d"}]) is None
-    matcher.forget("s")
+    matcher.forget("default", "s")
     assert matcher.find("default", compacted) is None
 
 
@@ -84,9 +84,9 @@ def test_a_reply_two_sessions_share_matches_neither():
     request = [SYSTEM, {"role": "user", "content": SUMMARY}, {"role": "user", "content": "Done."},
                {"role": "assistant", "content": "ok"}, {"role": "user", "content": "next"}]
     assert matcher.find("default", request) is None
-    matcher.forget("s2")  # once only one session holds it, it is that one's
+    matcher.forget("default", "s2")  # once only one session holds it, it is that one's
     assert matcher.find("default", request).session_id == "s1"
-    matcher.forget("s1")
+    matcher.forget("default", "s1")
     assert not matcher._tails and not matcher._tail_keys  # nothing left behind
 
 
@@ -225,7 +225,7 @@ def test_a_summary_matches_only_its_own_session_tenant_and_system_prompt():
     assert matcher.record_summary("default", summarise_call([SYSTEM, {"role": "user", "content": "x"}]),
                                   {"role": "assistant", "content": "A summary of something else entirely."}) is None
     assert matcher.record_summary("default", transcript, {"role": "assistant", "content": "ok"}) is None
-    matcher.forget("s2")
+    matcher.forget("default", "s2")
     assert matcher.find("default", request) is None and not matcher._summaries
 
 

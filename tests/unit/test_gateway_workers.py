@@ -368,6 +368,6 @@ def test_after_a_restart_each_worker_relearns_only_the_sessions_it_serves(engine
         for worker in (0, 1):
             gw = Gateway(engine, pool, config(tmp_path), worker=worker)
             assert gw.restore_sessions() == len(mine[worker])
-            assert set(gw.sessions.matcher._last) == mine[worker]
+            assert {session for _, session in gw.sessions.matcher._last} == mine[worker]
     finally:
         pool.close()

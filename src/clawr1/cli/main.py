@@ -227,7 +227,7 @@ def cmd_pool(args: argparse.Namespace, config: Config) -> int:
             from clawr1.engine import adapters
 
             newest = adapters.latest(Path(config.data_dir) / "adapters", "policy")
-            stats = {**pool.stats(), "versions": newest[0] if newest else 0}  # newest published policy version
+            stats = {**pool.stats(args.tenant), "versions": newest[0] if newest else 0}  # newest published policy version
             if args.json:
                 print(json.dumps(stats))
             else:
@@ -453,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("action", choices=["stats", "sessions", "show", "export"])
     p.add_argument("ident", nargs="?", help="a session or step id (for show)")
-    p.add_argument("--tenant", help="show: the tenant whose session it is (when several use the id)")
+    p.add_argument("--tenant", help="stats: that tenant's counts only; show: the tenant whose session or step it is")
     p.add_argument("--json", action="store_true")
     p.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl", help="export format")
     p.add_argument("--out", type=Path, help="export file (default clawr1-export.FORMAT)")

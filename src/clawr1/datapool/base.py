@@ -304,6 +304,11 @@ class PoolReadModel(ABC):
         `db_bytes`, the pool's size on disk. With `tenant`, that tenant's counts only."""
 
     @abstractmethod
+    def tenant_usage(self) -> dict[str, int]:
+        """What each tenant's steps take in the pool (characters and bytes of their stored fields),
+        the measure of `tenants.storage_quota_bytes`. One small read: the gateway polls it."""
+
+    @abstractmethod
     def sessions(self, limit: int = 100, tenant: str | None = None) -> list[dict[str, Any]]:
         """The most recently active sessions (of one tenant or all), newest first."""
 
@@ -324,8 +329,9 @@ class PoolReadModel(ABC):
         trainer's lease-to-version log this gives the feedback-to-serving latency."""
 
     @abstractmethod
-    def show(self, ident: str, tenant: str | None = None) -> dict[str, Any]:
-        """One step (with sample, rewards, hints) or one session (with its steps and events)."""
+    def show(self, ident: str, tenant: str | None = None, kind: Literal["step", "session"] | None = None) -> dict[str, Any]:
+        """One step (with sample, rewards, hints) or one session (with its steps and events), in
+        `tenant` when given; `kind` says which (`None`: whichever `ident` names, for a person)."""
 
     @abstractmethod
     def export(self, path: Path, format: ExportFormat = "jsonl", *, rewarded_only: bool = False,

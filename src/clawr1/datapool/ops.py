@@ -16,7 +16,7 @@ from typing import Any
 from clawr1.core.config import PoolConfig
 from clawr1.core.records import Hint, Lease, Reward, Sample, SessionEvent
 from clawr1.datapool.base import UnknownLeaseError, UnknownSessionError, UnknownStepError
-from clawr1.datapool.schema import INSERT_STEP, STEP_COLUMNS, dumps, shard_key
+from clawr1.datapool.schema import INSERT_STEP, STEP_COLUMNS, dumps, row_bytes, shard_key
 
 # A batch of steps is stored with as few statements as SQLite's parameter limit allows, and what is
 # derived from them (sessions, samples, next-state links) is maintained once per batch, set-based:
@@ -32,6 +32,8 @@ _TENANT, _SESSION, _TURN, _TYPE, _VERSION, _CREATED = (STEP_COLUMNS.index(c) for
 _UPSERT_SESSIONS = """INSERT INTO sessions (tenant, session_id, status, created_at, updated_at) VALUES {rows}
 ON CONFLICT (tenant, session_id) DO UPDATE SET status = 'open', closed_at = NULL, updated_at =
 CASE WHEN excluded.updated_at > sessions.updated_at THEN excluded.updated_at ELSE sessions.updated_at END"""
+_ADD_USAGE = """INSERT INTO tenant_usage (tenant, bytes) VALUES {rows}
+ON CONFLICT (tenant) DO UPDATE SET bytes = tenant_usage.bytes + excluded.bytes"""
 _INSERT_SAMPLES = """INSERT INTO samples (step_id, tenant, session_id, turn_index, policy_version, next_step_id,
 updated_at, shard_key, status, weight) VALUES {rows}"""
 # A turn masked when its session closed without a next state (`close_session`) has one now that the
@@ -149,6 +151,10 @@ def insert_steps(conn: sqlite3.Connection, rows: list[tuple]) -> list[bool]:
         times = sessions.setdefault((row[_TENANT], row[_SESSION]), [row[_CREATED], row[_CREATED]])
         times[1] = max(times[1], row[_CREATED])
     _with_rows(conn, _UPSERT_SESSIONS, "(?, ?, 'open', ?, ?)", [(*key, *times) for key, times in sessions.items()])
+    usage: dict[str, int] = {}
+    for row in fresh:
+        usage[row[_TENANT]] = usage.get(row[_TENANT], 0) + row_bytes(row)
+    _with_rows(conn, _ADD_USAGE, "(?, ?)", list(usage.items()))
     main = [(row[0], row[_TENANT], row[_SESSION], row[_TURN], row[_VERSION], row[_CREATED])
             for row in fresh if row[_TYPE] == "main"]
     if main:

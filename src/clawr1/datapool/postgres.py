@@ -20,7 +20,7 @@ import re
 from typing import Any
 
 from clawr1.core.config import PoolConfig
-from clawr1.datapool.schema import SCHEMA, SCHEMA_VERSION, _statements, add_columns
+from clawr1.datapool.schema import SCHEMA, SCHEMA_VERSION, _statements, add_columns, count_usage
 from clawr1.datapool.sql import SQLPool
 
 try:
@@ -191,9 +191,11 @@ def ensure_schema(conn: PgConnection) -> None:
         row = conn.execute("SELECT value FROM clawr1_meta WHERE key = 'schema_version'").fetchone()
         if row is not None and int(row[0]) > SCHEMA_VERSION:
             raise RuntimeError(f"pool schema v{row[0]} is newer than this clawr1 (v{SCHEMA_VERSION})")
-        add_columns(conn, functools.partial(_columns, conn), lambda kind: kind.replace("REAL", "DOUBLE PRECISION"))
+        older = add_columns(conn, functools.partial(_columns, conn), lambda kind: kind.replace("REAL", "DOUBLE PRECISION"))
         for statement in postgres_schema():
             conn.execute(statement)
+        if older:
+            count_usage(conn)
         conn.execute("INSERT INTO clawr1_meta (key, value) VALUES ('schema_version', ?) ON CONFLICT (key) "
                      "DO UPDATE SET value = excluded.value", (str(SCHEMA_VERSION),))
         conn.execute("COMMIT")

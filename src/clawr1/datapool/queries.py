@@ -45,6 +45,7 @@ def stats(conn: sqlite3.Connection, tenant: str | None = None) -> dict[str, Any]
         **by_status,
         "dropped_by_reason": dict(conn.execute(f"SELECT reason, count(*) FROM samples WHERE status = 'dropped' "
                                                f"AND {mine} GROUP BY reason", (tenant,)).fetchall()),
+        "stored_bytes": one("SELECT coalesce(sum(bytes), 0) FROM tenant_usage WHERE {mine}"),
         "open_leases": _one(conn, "SELECT count(*) FROM leases WHERE state = 'open'"),
         "policy_versions": None if versions[0] is None else list(versions),  # [oldest, newest]
     }
@@ -161,6 +162,10 @@ def unjudged(conn: sqlite3.Connection, limit: int, shard: tuple[int, int], now: 
     return [r[0] for r in rows]
 
 
+def tenant_usage(conn: sqlite3.Connection) -> dict[str, int]:
+    return dict(conn.execute("SELECT tenant, bytes FROM tenant_usage").fetchall())
+
+
 def last_turn(conn: sqlite3.Connection, tenant: str, session_id: str) -> int | None:
     return _one(conn, "SELECT max(turn_index) FROM steps WHERE tenant = ? AND session_id = ?", tenant, session_id)
 
@@ -182,14 +187,21 @@ def _step_detail(conn: sqlite3.Connection, row: sqlite3.Row) -> dict[str, Any]:
     return detail
 
 
-def show(conn: sqlite3.Connection, ident: str, tenant: str | None) -> dict[str, Any]:
-    row = conn.execute(f"{_STEP_WITH_NEXT} WHERE t.step_id = ?", (ident,)).fetchone()
-    if row is not None:
-        return {"kind": "step", **_step_detail(conn, row)}
+def show(conn: sqlite3.Connection, ident: str, tenant: str | None, kind: str | None = None) -> dict[str, Any]:
+    """One step (`kind="step"`), one session (`"session"`), or, for a person at the CLI (`None`),
+    whichever `ident` names. Both lookups keep to `tenant` when one is given: the gateway asks for
+    sessions only, so a session named like another tenant's step id never reads that step."""
+    if kind in (None, "step"):
+        row = conn.execute(f"{_STEP_WITH_NEXT} WHERE t.step_id = ? AND t.tenant = coalesce(?, t.tenant)",
+                           (ident, tenant)).fetchone()
+        if row is not None:
+            return {"kind": "step", **_step_detail(conn, row)}
+        if kind == "step":
+            raise KeyError(f"no step {ident!r}")
     found = conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions s WHERE session_id = ? "
                          "AND tenant = coalesce(?, tenant)", (ident, tenant)).fetchall()
     if not found:
-        raise KeyError(f"no step or session {ident!r}")
+        raise KeyError(f"no session {ident!r}" if kind == "session" else f"no step or session {ident!r}")
     if len(found) > 1:
         raise ValueError(f"session {ident!r} exists for tenants {[r['tenant'] for r in found]}; name one")
     session = dict(found[0])

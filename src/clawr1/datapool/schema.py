@@ -9,7 +9,8 @@ Steps are append-only. A main turn's next state is not copied into it: its sampl
 session's next main turn, whose messages after the last assistant reply are that next state.
 
 Schema versions: v2 added the judge's bookkeeping to samples (shard key, failed attempts, the
-give-up); v3 the guard's decision log (`policy_versions`). An older file gets the columns it lacks (`ADDED_COLUMNS`) when it is opened; a newer one
+give-up); v3 the guard's decision log (`policy_versions`); v4 each tenant's stored bytes
+(`tenant_usage`, counted from the steps an older file holds when it is opened). An older file gets the columns it lacks (`ADDED_COLUMNS`) when it is opened; a newer one
 is refused.
 """
 
@@ -25,7 +26,7 @@ from typing import Any, Callable
 from clawr1.core.config import PoolConfig
 from clawr1.core.records import Step
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS steps (
@@ -160,6 +161,13 @@ CREATE TABLE IF NOT EXISTS policy_versions (
     decided_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS policy_versions_by_adapter ON policy_versions (adapter, version);
+
+-- What each tenant's steps take (schema v4): the characters and bytes of their stored fields, kept
+-- in the transaction that stores them, so the gateway's storage quota reads one small row.
+CREATE TABLE IF NOT EXISTS tenant_usage (
+    tenant TEXT PRIMARY KEY,
+    bytes INTEGER NOT NULL
+);
 """
 
 STEP_COLUMNS = ("step_id", "tenant", "session_id", "prompt_id", "turn_index", "turn_type", "policy_version",
@@ -187,10 +195,32 @@ def shard_key(step_id: str) -> int:
     return zlib.crc32(step_id.encode()) & 0x7FFF_FFFF
 
 
-def add_columns(conn: Any, columns_of: Callable[[str], set[str]], spell: Callable[[str], str] = str) -> None:
+# A step's stored size, as `row_bytes` counts it at insert, in SQL (for the steps of an older file).
+STEP_BYTES_SQL = ("length(step_id) + length(messages) + coalesce(length(tools), 0) + length(text) + length(prompt_ids) "
+                  "+ length(token_ids) + length(logprobs) + length(timings)")
+
+
+_COUNTED = tuple(STEP_COLUMNS.index(c) for c in ("step_id", "messages", "tools", "text", "prompt_ids", "token_ids",
+                                                 "logprobs", "timings"))
+
+
+def row_bytes(row: tuple) -> int:
+    """What a step row (`step_row`) takes in the pool, as `STEP_BYTES_SQL` counts it: the length of
+    each text (in characters, as SQL's `length`) and blob it stores; small columns are not counted."""
+    return sum(len(row[i]) for i in _COUNTED if row[i] is not None)
+
+
+def count_usage(conn: Any) -> None:
+    """Fill `tenant_usage` from the steps a pool holds (it was just created, on an older file)."""
+    conn.execute(f"INSERT INTO tenant_usage (tenant, bytes) SELECT tenant, sum({STEP_BYTES_SQL}) FROM steps "
+                 "GROUP BY tenant")
+
+
+def add_columns(conn: Any, columns_of: Callable[[str], set[str]], spell: Callable[[str], str] = str) -> bool:
     """Bring an older pool's tables up to this schema (inside the caller's transaction): add the
     columns of `ADDED_COLUMNS` it lacks (`columns_of(table)`: its columns, empty when it has no such
-    table; `spell`: a column type in the backend's spelling) and give old samples their shard keys."""
+    table; `spell`: a column type in the backend's spelling) and give old samples their shard keys.
+    True when the pool has steps but no `tenant_usage` yet: `count_usage` once the schema exists."""
     for table, column, kind in ADDED_COLUMNS:
         present = columns_of(table)
         if present and column not in present:
@@ -198,6 +228,7 @@ def add_columns(conn: Any, columns_of: Callable[[str], set[str]], spell: Callabl
             if column == "shard_key":
                 ids = [row[0] for row in conn.execute("SELECT step_id FROM samples").fetchall()]
                 conn.executemany("UPDATE samples SET shard_key = ? WHERE step_id = ?", [(shard_key(i), i) for i in ids])
+    return bool(columns_of("steps")) and not columns_of("tenant_usage")
 
 
 def connect(path: Path, config: PoolConfig) -> sqlite3.Connection:
@@ -245,9 +276,11 @@ def ensure_schema(conn: sqlite3.Connection) -> None:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise RuntimeError(f"pool schema v{version} is newer than this clawr1 (v{SCHEMA_VERSION})")
-        add_columns(conn, lambda table: {row[1] for row in conn.execute(f"PRAGMA table_info({table})")})
+        older = add_columns(conn, lambda table: {row[1] for row in conn.execute(f"PRAGMA table_info({table})")})
         for statement in _statements(SCHEMA):
             conn.execute(statement)
+        if older:
+            count_usage(conn)
         conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:

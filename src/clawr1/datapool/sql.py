@@ -16,7 +16,7 @@ from concurrent.futures import Future
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from clawr1.core.config import PoolConfig
 from clawr1.core.records import DEFAULT_TENANT, Hint, Lease, Reward, Step
@@ -231,8 +231,11 @@ class SQLPool(DataPool):
     def lease_ready_times(self, lease_ids: Iterable[str]) -> dict[str, list[float]]:
         return self._read(queries.lease_ready_times, list(lease_ids))
 
-    def show(self, ident: str, tenant: str | None = None) -> dict[str, Any]:
-        return self._read(queries.show, ident, tenant)
+    def tenant_usage(self) -> dict[str, int]:
+        return self._read(queries.tenant_usage)
+
+    def show(self, ident: str, tenant: str | None = None, kind: Literal["step", "session"] | None = None) -> dict[str, Any]:
+        return self._read(queries.show, ident, tenant, kind)
 
     def export(self, path: Path, format: ExportFormat = "jsonl", *, rewarded_only: bool = False,
                filters: ExportFilter | None = None) -> int:

@@ -37,10 +37,10 @@ def confusion(pool: DataPool, sessions: int = 100_000) -> Counter[tuple[int, flo
     """(user's label, judge's score) counts over every judged main turn with a next state."""
     out: Counter[tuple[int, float]] = Counter()
     for session in pool.sessions(limit=sessions):
-        steps = [s for s in pool.show(session["session_id"])["steps"] if s.get("turn_type", "main") == "main"]
+        steps = [s for s in pool.show(session["session_id"], session["tenant"], "session")["steps"] if s.get("turn_type", "main") == "main"]
         for step in pool.get_steps([s["step_id"] for s in steps]):
             label = user_label(step.next_state or [])
-            verdicts = [r for r in pool.show(step.step_id)["rewards"] if r["source"] in JUDGES]
+            verdicts = [r for r in pool.show(step.step_id, kind="step")["rewards"] if r["source"] in JUDGES]
             if label is not None and verdicts:
                 out[(label, float(verdicts[-1]["score"]))] += 1
     return out

@@ -91,6 +91,6 @@ def wait_judged(served: Served, session_ids: list[str], timeout_s: float) -> Non
 
 def _steps(served: Served, session_id: str) -> list[dict]:
     try:
-        return served.pool.show(session_id)["steps"]
+        return served.pool.show(session_id, kind="session")["steps"]
     except KeyError:  # the rollout never called the model: no session, nothing to judge
         return []

@@ -58,7 +58,9 @@ def create_app(engine: Engine, pool: DataPool, config: Config, worker: int = 0,
         restored = await asyncio.to_thread(gateway.restore_sessions)
         if restored:
             log.info("restored %d open sessions for history matching", restored)
-        background = [asyncio.create_task(gateway.sweep_idle()), asyncio.create_task(gateway.watch_versions())]
+        gateway.usage = await asyncio.to_thread(pool.tenant_usage)
+        background = [asyncio.create_task(gateway.sweep_idle()), asyncio.create_task(gateway.watch_versions()),
+                      asyncio.create_task(gateway.watch_usage())]
         try:
             yield
         finally:

@@ -134,7 +134,7 @@ async def _end_session(request: Request, path_session: str | None) -> dict[str, 
     if not was_open:
         raise APIError(410, f"Session {who.session_id} already ended or expired", code="session_closed")
     gw.sessions.forget(who.tenant, who.session_id)
-    shown = await asyncio.to_thread(gw.pool.show, who.session_id, who.tenant)
+    shown = await asyncio.to_thread(gw.pool.show, who.session_id, who.tenant, "session")
     return {"message": "success", "interaction_count": sum(s["turn_type"] == "main" for s in shown["steps"])}
 
 

@@ -43,4 +43,4 @@ async def match(request: Request) -> dict[str, Any]:
     if is_summariser_call(messages):
         return {"session_id": gw.sessions.summarised(caller.tenant, messages)}
     who = gw.sessions.identify(caller.tenant, messages, headers, None, caller.session_id)
-    return {"session_id": who.session_id if who.how in ("matched", "compacted") else None}
+    return {"session_id": who.session_id if who.how in ("matched", "edited", "compacted") else None}

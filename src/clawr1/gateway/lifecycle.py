@@ -105,7 +105,7 @@ async def close(session_id: str, request: Request) -> dict[str, Any]:
     except UnknownSessionError as exc:
         raise APIError(404, f"no session {session_id!r}", param="session_id", code="session_not_found") from exc
     gw.sessions.forget(caller.tenant, session_id)
-    shown = await asyncio.to_thread(gw.pool.show, session_id, caller.tenant)
+    shown = await asyncio.to_thread(gw.pool.show, session_id, caller.tenant, "session")
     turns = sum(1 for step in shown["steps"] if step["turn_type"] == "main")
     return {"id": session_id, "object": "session", "status": "closed", "was_open": was_open,
             "outcome_reward": body.outcome_reward, "step_weight": weight, "turns": turns}

@@ -17,15 +17,26 @@ S's last assistant reply. Real clients are messy (see shared/OPENCLAW.md), so:
   summarising call (a side turn) asked for it. The call's transcript holds S's last reply (and
   its last message), which says which session it summarises; a request whose compaction summary
   contains that summary then continues S (`record_summary`).
+- clients edit the replies they resend (`Match.edited`): OpenClaw masks whatever looks like a
+  secret in its stored transcript (a run matching one of its key patterns becomes its first six
+  characters, `…` and its last four, or `***`: `src/logging/redact.ts`), others trim or collapse
+  whitespace, normalise Unicode or drop `<think>` blocks. A request whose messages up to an
+  assistant message are exactly S's last request, and whose assistant message is S's last reply
+  so edited (`resent_matches`: the same tool calls; its text, once normalised, S's reply with
+  pieces masked or its tail cut, keeping at least half of it), continues S; two sessions that
+  both fit match neither.
 Prefixes are indexed by a rolling hash and last replies by their fingerprint, so a lookup costs
 one or two dict probes per message of the request, whatever the number of open sessions. Tenants
-never match across.
+never match across, and every index is keyed by (tenant, session): two tenants may name a session
+alike.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,12 +70,60 @@ def _plain(text: str) -> str:
     return " ".join(text.split())
 
 
+# What clients put where they cut something out of a reply they resend: OpenClaw's redaction writes
+# `…` (and `***` for a short run); `...` and `[…]` are the usual elisions elsewhere.
+_ELISION = re.compile(r"\s*(?:…|\.\.\.|\*\*\*|\[…\]|\[\.\.\.\])\s*")
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+MIN_KEPT = 0.5  # of a reply's text that an edited resend must keep, in order
+
+
+def _normal(text: str) -> str:
+    """A reply's text as clients' edits leave it comparable: reasoning dropped, Unicode in NFKC,
+    whitespace collapsed."""
+    return _plain(unicodedata.normalize("NFKC", _THINK.sub(" ", text)))
+
+
+def _calls(message: dict[str, Any]) -> list[tuple[Any, Any]]:
+    return [(c.get("function", {}).get("name"), arguments_object(c.get("function", {}).get("arguments")))
+            for c in message.get("tool_calls") or []]
+
+
+def resent_matches(recorded: dict[str, Any], resent: dict[str, Any]) -> bool:
+    """Whether `resent` is the reply `recorded` as a client edited it: the same tool calls, and a
+    text that (normalised) is the recorded one with pieces cut out where an elision mark stands,
+    every kept piece in order, the first at the start and the last at the end unless the resend
+    ends with a mark (its tail cut), keeping at least `MIN_KEPT` of it."""
+    if resent.get("role") != "assistant" or _calls(recorded) != _calls(resent):
+        return False
+    was, now = _normal(text_of(recorded.get("content"), "content")), _normal(text_of(resent.get("content"), "content"))
+    if was == now:
+        return True
+    pieces = _ELISION.split(now)
+    if len(pieces) == 1:
+        return False  # no mark: an edit we cannot tell from another reply
+    cursor, last = 0, len(pieces) - 1
+    for i, piece in enumerate(pieces):
+        if i == 0:
+            if not was.startswith(piece):
+                return False
+            at = 0
+        elif i == last and piece:
+            at = len(was) - len(piece)
+            if at < cursor or not was.endswith(piece):
+                return False
+        else:
+            at = was.find(piece, cursor)
+            if at < 0:
+                return False
+        cursor = at + len(piece)
+    return sum(map(len, pieces)) >= MIN_KEPT * len(was)
+
+
 def fingerprint(message: dict[str, Any]) -> str:
     """What identifies a message across replays: role, trimmed text, tool calls without ids (their
     arguments as an object: the Anthropic route sends a call whose arguments are none wrapped, and
     its client replays it so)."""
-    calls = [(c.get("function", {}).get("name"), arguments_object(c.get("function", {}).get("arguments")))
-             for c in message.get("tool_calls") or []]
+    calls = _calls(message)
     # Only arguments hold mappings to sort; without calls the plain encoder (cached, ~30% faster)
     # writes the same text.
     body = [message.get("role"), text_of(message.get("content"), "content").strip(), calls]
@@ -100,6 +159,10 @@ class Match:
     session_id: str
     prefix_len: int  # messages of the request that the session already holds (up to its last reply)
     compacted: bool = False  # matched by its last reply after the client compacted the history
+    edited: bool = False  # matched with the last reply as the client edited it (`resent_matches`)
+
+
+Owner = tuple[str, str]  # (tenant, session id): what every index entry belongs to
 
 
 class HistoryMatcher:
@@ -107,28 +170,44 @@ class HistoryMatcher:
 
     def __init__(self) -> None:
         self._index: dict[tuple[str, str], tuple[str, int]] = {}  # (tenant, prefix hash) -> (session, len)
-        self._keys: dict[str, list[tuple[str, str]]] = {}  # session -> its index keys
+        self._keys: dict[Owner, list[tuple[str, str]]] = {}  # its index keys (of `_index` and `_replies`)
+        # (tenant, hash of the messages before a session's last reply) -> {session: that reply}, for
+        # a resend the client edited (`_edited`).
+        self._replies: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
         # (tenant, last reply's fingerprint) -> {session: (its system prompt's fingerprint or None,
         # the fingerprints the message before that reply may have)}; two sessions under one key
         # (the same short reply to the same message) are ambiguous and match neither.
         self._tails: dict[tuple[str, str], dict[str, tuple[str | None, frozenset[str]]]] = {}
-        self._tail_keys: dict[str, tuple[str, str]] = {}
-        # session -> (tenant, its last reply's text, its last message's text), to find the session
-        # a summarising call summarises.
-        self._last: dict[str, tuple[str, str, str]] = {}
+        self._tail_keys: dict[Owner, tuple[str, str]] = {}
+        # its last reply's text and its last message's text, to find the session a summarising
+        # call summarises.
+        self._last: dict[Owner, tuple[str, str]] = {}
         # (tenant, a summary the model wrote for an agent's compaction) -> the session it summarises
         self._summaries: dict[tuple[str, str], str] = {}
-        self._summary_keys: dict[str, tuple[str, str]] = {}
+        self._summary_keys: dict[Owner, tuple[str, str]] = {}
 
     def find(self, tenant: str, messages: list[dict[str, Any]], hashes: Hashed | None = None) -> Match | None:
-        """The session whose transcript is the longest prefix of `messages`, if any. `hashes`: the
-        messages' `hashed`, when the caller has it (a request's messages are hashed once)."""
+        """The session whose transcript is the longest prefix of `messages`, if any (its last reply
+        as sent, or as the client edited it). `hashes`: the messages' `hashed`, when the caller has
+        it (a request's messages are hashed once)."""
         hashes = hashes if hashes is not None else hashed(messages)
-        for k in range(len(messages), 0, -1):
-            hit = self._index.get((tenant, hashes.prefixes[k]))
-            if hit is not None:
-                return Match(hit[0], k)
-        return self._compacted(tenant, messages, hashes.fps)
+        exact = next((Match(hit[0], k) for k in range(len(messages), 0, -1)
+                      if (hit := self._index.get((tenant, hashes.prefixes[k]))) is not None), None)
+        edited = self._edited(tenant, messages, hashes, exact.prefix_len if exact else 0)
+        return edited or exact or self._compacted(tenant, messages, hashes.fps)
+
+    def _edited(self, tenant: str, messages: list[dict[str, Any]], hashes: Hashed, beyond: int) -> Match | None:
+        """The one session whose last request is exactly the messages before an assistant message
+        of this request (past its first `beyond`), and whose last reply that message is, as edited."""
+        for j in range(len(messages) - 1, max(beyond, 1) - 1, -1):
+            if messages[j].get("role") != "assistant":
+                continue
+            owners = self._replies.get((tenant, hashes.prefixes[j]))
+            if owners:
+                fits = [session for session, reply in owners.items() if resent_matches(reply, messages[j])]
+                if len(fits) == 1:
+                    return Match(fits[0], j + 1, edited=True)
+        return None
 
     def _compacted(self, tenant: str, messages: list[dict[str, Any]], fps: list[str]) -> Match | None:
         """The session a compacted request continues: the request's last assistant message is the
@@ -154,7 +233,7 @@ class HistoryMatcher:
         if len(found) != 1:
             return None
         [session_id] = found
-        system = self._tails[self._tail_keys[session_id]][session_id][0]  # a summarised session is open
+        system = self._tails[self._tail_keys[(tenant, session_id)]][session_id][0]  # a summarised session is open
         if system is not None and fps[0] != system:
             return None
         return Match(session_id, k + 1, compacted=True)
@@ -169,27 +248,28 @@ class HistoryMatcher:
         session_id = self.summarised(tenant, messages)
         if session_id is None:
             return None
-        old = self._summary_keys.pop(session_id, None)
+        old = self._summary_keys.pop((tenant, session_id), None)
         if old is not None:
             self._summaries.pop(old, None)
         self._summaries[(tenant, written)] = session_id
-        self._summary_keys[session_id] = (tenant, written)
+        self._summary_keys[(tenant, session_id)] = (tenant, written)
         return session_id
 
     def summarised(self, tenant: str, messages: list[dict[str, Any]]) -> str | None:
         """The one open session a summarising call's transcript holds the last reply (and, to break
         a tie, the last message) of; None when there is not exactly one."""
         transcript = _plain(" ".join(text_of(m.get("content"), "content") for m in messages))
-        held = [s for s, (owner, reply, _) in self._last.items() if owner == tenant and reply and reply in transcript]
+        held = [s for (owner, s), (reply, _) in self._last.items() if owner == tenant and reply and reply in transcript]
         if len(held) > 1:
-            held = [s for s in held if self._last[s][2] and self._last[s][2] in transcript]
+            held = [s for s in held if self._last[(tenant, s)][1] and self._last[(tenant, s)][1] in transcript]
         return held[0] if len(held) == 1 else None
 
     def record(self, tenant: str, session_id: str, messages: list[dict[str, Any]], reply: dict[str, Any],
                hashes: Hashed | None = None) -> None:
         """After a turn: the next request of this session starts with these messages + reply
         (`hashes`: theirs, when `find` already had them)."""
-        self.forget(session_id)
+        owner = (tenant, session_id)
+        self.forget(tenant, session_id)
         hashes = hashes if hashes is not None else hashed(messages)
         fps, reply_fp = hashes.fps, fingerprint(reply)
         keys = []
@@ -198,25 +278,34 @@ class HistoryMatcher:
             key = (tenant, _extend(hashes.prefixes[length], reply_fp))
             keys.append(key)
             self._index[key] = (session_id, length + 1)
-        self._keys[session_id] = keys
+            before = (tenant, hashes.prefixes[length])
+            keys.append(before)
+            self._replies.setdefault(before, {})[session_id] = reply
+        self._keys[owner] = keys
         system = fps[0] if messages and messages[0].get("role") in ("system", "developer") else None
         self._tails.setdefault((tenant, reply_fp), {})[session_id] = (system, frozenset(fps[-2:]))
-        self._tail_keys[session_id] = (tenant, reply_fp)
+        self._tail_keys[owner] = (tenant, reply_fp)
         last = _plain(text_of(messages[-1].get("content"), "content")) if messages else ""
-        self._last[session_id] = (tenant, _plain(text_of(reply.get("content"), "content")), last)
+        self._last[owner] = (_plain(text_of(reply.get("content"), "content")), last)
 
-    def forget(self, session_id: str) -> None:
-        for key in self._keys.pop(session_id, []):
+    def forget(self, tenant: str, session_id: str) -> None:
+        owner = (tenant, session_id)
+        for key in self._keys.pop(owner, []):
             if self._index.get(key, (None,))[0] == session_id:
                 del self._index[key]
-        tail = self._tail_keys.pop(session_id, None)
+            replies = self._replies.get(key)
+            if replies is not None:
+                replies.pop(session_id, None)
+                if not replies:
+                    del self._replies[key]
+        tail = self._tail_keys.pop(owner, None)
         owners = self._tails.get(tail) if tail is not None else None
         if owners is not None:
             owners.pop(session_id, None)
             if not owners:
                 del self._tails[tail]
-        self._last.pop(session_id, None)
-        summary = self._summary_keys.pop(session_id, None)
+        self._last.pop(owner, None)
+        summary = self._summary_keys.pop(owner, None)
         if summary is not None and self._summaries.get(summary) == session_id:
             del self._summaries[summary]
 

@@ -123,6 +123,13 @@ class _Levels(Collector):
                                 "(0: the base model)", value=gw.served_version())
         yield CounterMetricFamily("clawr1_policy_swaps", "Published policy versions loaded and swapped in",
                                   value=len(gw.swaps))
+        turns = CounterMetricFamily("clawr1_session_turns", "Turns by how their session was found: path, header, "
+                                    "key (named by the client); matched, edited (its last reply resent as the client "
+                                    "edited it), compacted (history matching); new (no history); unmatched (history no "
+                                    "open session held: a conversation split in two)", labels=["how"])
+        for how, count in gw.sessions.turns_by_how().items():
+            turns.add_metric([how], count)
+        yield turns
         counts = getattr(gw.engine, "stats", None)  # the local engine's own counters (a remote one has its own)
         if isinstance(counts, collections.Counter):
             yield CounterMetricFamily("clawr1_engine_prefill_tokens", "Prompt tokens the local engine ran through "

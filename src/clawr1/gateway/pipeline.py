@@ -67,6 +67,15 @@ class Job:
     base: bool = False  # `X-Policy-Version: 0` on a side turn: the base model answers (evaluation)
     created: int = field(default_factory=lambda: int(time.time()))
 
+    def stored_bytes(self) -> int:
+        """About what this request's steps add to the pool before their replies: each stores the
+        messages and tools (as rendered: see `schema`) and its prompt's token ids (4 bytes each)."""
+        shared = len(_compact(self.messages)) + (len(_compact(self.tools)) if self.tools else 0)
+        return len(self.samplings) * sum(shared + 4 * len(prompt) for prompt in self.prompts)
+
+
+_compact = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # as the pool stores JSON
+
 
 class Wire(ABC):
     """A wire format: its request model, how it turns into a `Job`, and how replies and errors look."""
@@ -138,6 +147,7 @@ async def handle(request: Request, wire: Wire, path_ids: tuple[str, str] | None,
                 raise ContextLengthError(
                     f"the prompt has {len(prompt)} tokens; this model's context is {gw.engine.max_context} "
                     "and at least one completion token must fit", "messages" if job.messages else "prompt")
+        gw.check_storage(caller.tenant, job.stored_bytes())
     except (APIError, EngineError) as exc:
         return wire.error_response(exc)
     return Exchange(gw, wire, job, caller, headers, path_ids)

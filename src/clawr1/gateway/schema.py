@@ -2,7 +2,10 @@
 
 Validation is whole and happens before admission: every message, content part, tool call and tool
 is typed here, so a malformed request is a 400 that never reaches the engine or the pool. Unknown
-fields are ignored, as OpenAI's SDKs expect; messages keep theirs (they are stored as sent).
+fields are ignored, as OpenAI's SDKs expect, in messages, content parts and tool calls too: what a
+step stores of a message is what its chat template rendered, so every stored byte passed the
+context check (an unknown field of megabytes, stored once per choice, once filled a disk). A tool's
+function keeps its extra fields: the template renders the function whole.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ def _content(value: Any) -> Any:
                              f"{' / '.join(TEXT_PARTS)} parts")
         if not isinstance(part.get("text"), str):
             raise ValueError(f"content part {i} needs a string `text`")
-    return value
+    return [{"type": part["type"], "text": part["text"]} for part in value]  # no unknown fields: see above
 
 
 _TEXT_PART_SCHEMA = {"type": "object", "required": ["type", "text"],
@@ -45,7 +48,7 @@ Content = Annotated[Any, PlainValidator(_content), WithJsonSchema(
 
 
 class FunctionCall(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="ignore")
     name: str = Field(min_length=1, max_length=256)
     arguments: str | dict[str, Any] = "{}"
     """A JSON string, as OpenAI sends it (an object is accepted too)."""
@@ -54,7 +57,7 @@ class FunctionCall(BaseModel):
 class ToolCallIn(BaseModel):
     """A tool call in an assistant message of the history."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="ignore")
     id: str | None = Field(None, max_length=256)
     type: Literal["function"] = "function"
     function: FunctionCall
@@ -63,7 +66,7 @@ class ToolCallIn(BaseModel):
 class ChatMessage(BaseModel):
     """One message of the conversation. `developer` is rendered as `system`."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Content = None
     name: str | None = Field(None, max_length=256)
@@ -87,7 +90,7 @@ class FunctionDef(BaseModel):
 
 
 class Tool(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="ignore")
     type: Literal["function"]
     function: FunctionDef
 

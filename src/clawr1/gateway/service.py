@@ -144,6 +144,7 @@ class Gateway:
         self.per_tenant = config.tenants.adapter_per_tenant
         self.full = config.trainer.finetune == "full"  # versions are whole weights, not adapters
         self._meter: QualityMeter | None = None
+        self.usage: dict[str, int] = {}  # each tenant's stored bytes, as the pool last said (`watch_usage`)
         self.guard: Any = None  # the `Guard`, when it runs (`watch_versions`)
         self.internal_key = internal_key
 
@@ -272,6 +273,32 @@ class Gateway:
         self.sessions.forget(tenant, session_id)
         return was_open
 
+    def check_storage(self, tenant: str, stored: int) -> None:
+        """Refuse a request that would store more than one request may (413), or whose tenant's
+        steps have reached its storage quota (429 `insufficient_quota`): one tenant can never fill
+        the disk the others' steps go to, and goes past its quota by one request at most. Counted on
+        admission, so a burst between two reads of the pool's counts is held back too."""
+        limit = self.config.gateway.max_request_store_bytes
+        if stored > limit:
+            raise APIError(413, f"this request would store {stored:,} bytes (its messages and tools once per "
+                                f"generation); the limit is {limit:,} (gateway.max_request_store_bytes): send "
+                                "fewer choices (n) or a shorter conversation", code="request_too_large")
+        used, quota = self.usage.get(tenant, 0), self.config.tenants.quota_of(tenant)
+        if used >= quota:
+            raise APIError(429, f"tenant {tenant!r} has {used:,} bytes stored of its quota of {quota:,}; nothing "
+                                "was run. An admin can export and move its data, or raise tenants.storage_quota_bytes",
+                           type="insufficient_quota", code="storage_quota_exceeded")
+        self.usage[tenant] = used + stored
+
+    async def watch_usage(self, every_s: float = 2.0) -> None:
+        """Keep `usage` at the pool's counts (every gateway process writing to it counted)."""
+        while True:
+            try:
+                self.usage = await asyncio.to_thread(self.pool.tenant_usage)
+            except Exception:  # a busy database must not end the watcher: the next round retries
+                log.exception("reading the tenants' storage use failed; retrying")
+            await asyncio.sleep(every_s)
+
     def spawn(self, coro: Any) -> asyncio.Task:
         """Run `coro` as a task the gateway keeps a reference to until it ends; its failure is logged."""
         task = asyncio.ensure_future(coro)
@@ -286,7 +313,8 @@ class Gateway:
 
     def restore_sessions(self, limit: int = 1000) -> int:
         """After a restart: the matcher re-learns the last turn of each recently active open
-        session, so a stock client's conversation continues in its session. Returns how many."""
+        session, so a stock client's conversation continues in its session. Returns how many. A
+        record it cannot restore is logged and skipped: nothing a tenant stored may stop a start."""
         cutoff = time.time() - self.config.gateway.session_idle_s
         restored = 0
         for session in self.pool.sessions(limit=limit):
@@ -294,14 +322,21 @@ class Gateway:
                 continue
             if self.sessions.owns is not None and not self.sessions.owns(session["session_id"]):
                 continue  # another gateway process serves it
-            turns = self.pool.show(session["session_id"], session["tenant"])["steps"]
-            mains = [t for t in turns if t["turn_type"] == "main"]
-            if mains:
-                [step] = self.pool.get_steps([mains[-1]["step_id"]])
-                reply = schema.message_of(self.engine.parse(step.text))
-                self.sessions.restore(step.tenant, step.session_id, step.messages, reply, turns[-1]["turn_index"] + 1)
-                restored += 1
+            try:
+                restored += self._restore(session["tenant"], session["session_id"])
+            except Exception as exc:  # noqa: BLE001 - one bad record must not fail start-up; it is logged
+                log.warning("session %s/%s not restored: %r", session["tenant"], session["session_id"], exc)
         return restored
+
+    def _restore(self, tenant: str, session_id: str) -> bool:
+        turns = self.pool.show(session_id, tenant, "session")["steps"]
+        mains = [t for t in turns if t["turn_type"] == "main"]
+        if not mains:
+            return False
+        [step] = self.pool.get_steps([mains[-1]["step_id"]])
+        reply = schema.message_of(self.engine.parse(step.text))
+        self.sessions.restore(step.tenant, step.session_id, step.messages, reply, turns[-1]["turn_index"] + 1)
+        return True
 
     # ---- background jobs -------------------------------------------------------------------
     async def watch_versions(self) -> None:

@@ -7,6 +7,7 @@ header id from yesterday) resumes after the pool's last stored turn.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import json
@@ -31,7 +32,7 @@ class Turn:
     turn_index: int
     turn_type: Literal["main", "side"]
     done: bool  # X-Session-Done: close the session once this turn is stored
-    how: Literal["path", "header", "key", "matched", "compacted", "new"]
+    how: Literal["path", "header", "key", "matched", "edited", "compacted", "new", "unmatched"]
     # The request messages' hashes when history matching computed them: `record` reuses them, so
     # a request's messages are hashed once.
     hashes: Hashed | None = dataclasses.field(default=None, compare=False, repr=False)
@@ -47,6 +48,8 @@ class SessionResolver:
         self._last_turn = last_turn
         self._next_turn: dict[tuple[str, str], int] = {}
         self._seen: dict[tuple[str, str], float] = {}  # last request arrival (monotonic) per session
+        # Turns by (tenant, how their session was found): /metrics and the dashboard show them.
+        self.resolved: collections.Counter[tuple[str, str]] = collections.Counter()
         self._lock = threading.Lock()
 
     def resolve(self, tenant: str, messages: list[dict[str, Any]], headers: dict[str, str],
@@ -67,7 +70,7 @@ class SessionResolver:
         if is_summariser_call(messages):
             turn_type = "side"  # the agent compacting its history: recorded, never trained
         done = headers.get("x-session-done", "").strip().lower() in ("1", "true", "yes")
-        how: Literal["path", "header", "key", "matched", "compacted", "new"]
+        how: Literal["path", "header", "key", "matched", "edited", "compacted", "new", "unmatched"]
         named = named_session(headers, path_ids, bound_session)
         hashes = None
         if named is not None:
@@ -77,9 +80,13 @@ class SessionResolver:
             with self._lock:
                 match = self.matcher.find(tenant, messages, hashes) if messages else None
             if match is None:
-                session_id, how = self._new_id(), "new"
+                # A request with a reply in it continued a conversation no open session holds: a
+                # client's edit not recognised, a session closed idle, or history from elsewhere.
+                unmatched = any(m.get("role") == "assistant" for m in messages)
+                session_id, how = self._new_id(), ("unmatched" if unmatched else "new")
             else:
-                session_id, how = match.session_id, ("compacted" if match.compacted else "matched")
+                session_id = match.session_id
+                how = "compacted" if match.compacted else "edited" if match.edited else "matched"
             prompt_id = session_id
         return Turn(tenant, session_id, prompt_id, -1, turn_type, done, how, hashes)  # type: ignore[arg-type]
 
@@ -92,7 +99,7 @@ class SessionResolver:
     def needs_lookup(self, who: Turn) -> bool:
         """A session this process has not numbered yet (a restart, a header id from yesterday)
         resumes after the pool's last stored turn."""
-        return who.how != "new" and (who.tenant, who.session_id) not in self._next_turn
+        return who.how not in ("new", "unmatched") and (who.tenant, who.session_id) not in self._next_turn
 
     def number(self, who: Turn, last: int | None) -> Turn:
         """Hand out the next turn index at arrival, so interleaved requests keep their order;
@@ -104,6 +111,7 @@ class SessionResolver:
                 index = 0 if last is None else last + 1
             self._next_turn[key] = index + 1
             self._seen[key] = time.monotonic()
+            self.resolved[who.tenant, who.how] += 1
         # A turn's samples are alternatives to one prompt (a GRPO group) only when the client says
         # so (path ids: white-box rollouts of one task) or they are the `n` choices of one request.
         # The turns of an online session answer different prompts: one group each, or GRPO would
@@ -139,9 +147,19 @@ class SessionResolver:
         """A closed session: its transcript no longer matches, its counters go (no state grows
         forever). A later request naming it resumes numbering from the pool."""
         with self._lock:
-            self.matcher.forget(session_id)
+            self.matcher.forget(tenant, session_id)
             self._next_turn.pop((tenant, session_id), None)
             self._seen.pop((tenant, session_id), None)
+
+    def turns_by_how(self, tenant: str | None = None) -> dict[str, int]:
+        """How the sessions of this process's turns were found (of one tenant, or all)."""
+        with self._lock:
+            counts = list(self.resolved.items())
+        out: collections.Counter[str] = collections.Counter()
+        for (owner, how), n in counts:
+            if tenant is None or owner == tenant:
+                out[how] += n
+        return dict(sorted(out.items()))
 
     def active_since(self, since_monotonic: float) -> set[tuple[str, str]]:
         """Sessions with a request arrived after `since`: in use, even if no step is stored yet."""

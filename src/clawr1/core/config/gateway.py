@@ -36,6 +36,11 @@ class GatewayConfig(_Section):
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, le=1024**3)
     """Largest accepted request body; larger gets 413."""
 
+    max_request_store_bytes: int = Field(16 * 1024**2, ge=1024, le=1024**3)
+    """Most a request may add to the pool: its stored messages and tools (what the chat template
+    rendered) and prompt tokens, once per generation (prompts x `n`); more is a 413 before anything
+    runs. A 8,192-token context with `n` = 8 stores about 2 MB."""
+
     max_json_depth: int = Field(64, ge=4, le=512)
     """Deepest nesting of arrays and objects a request body may have, checked before it is parsed
     (deeper is a 400): Python's JSON parser recurses once per level."""
@@ -100,9 +105,29 @@ class TenantsConfig(_Section):
     samples, exports and (with `adapter_per_tenant`) adapter are its own; `gateway.api_keys` belong
     to the tenant `default`. Keys are secrets: never printed or logged."""
 
+    storage_quota_bytes: int = Field(20 * 1024**3, ge=1024**2, le=1024**5)
+    """What one tenant's steps may take in the pool (`clawr1 pool stats --tenant T`: `stored_bytes`);
+    past it, that tenant's generation requests get 429 `insufficient_quota` and no other tenant
+    notices. The gateway reads the pool's counts every few seconds, so a tenant may overshoot by
+    those seconds' writes."""
+
+    storage_quotas: dict[str, int] = Field(default_factory=dict, max_length=10_000)
+    """Per-tenant exceptions to `storage_quota_bytes`, `{acme = 100_000_000_000}` (bytes)."""
+
     adapter_per_tenant: bool = False
     """Train one LoRA adapter per tenant (`policy-<tenant>`) on that tenant's samples only, and serve
     it only to that tenant: one base model, adapters batched per row. Off: one shared policy."""
+
+    def quota_of(self, tenant: str) -> int:
+        return self.storage_quotas.get(tenant, self.storage_quota_bytes)
+
+    @field_validator("storage_quotas")
+    @classmethod
+    def _quotas(cls, quotas: dict[str, int]) -> dict[str, int]:
+        for tenant, quota in quotas.items():
+            if quota < 1024**2:
+                raise ValueError(f"tenants.storage_quotas[{tenant!r}] = {quota}: at least 1 MiB (1048576)")
+        return quotas
 
     @field_validator("keys")
     @classmethod

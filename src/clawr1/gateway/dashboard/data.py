@@ -106,6 +106,7 @@ def summary(gw: Gateway, tenant: str | None = None, *,
         "adapter": adapter,
         "served_version": gw.served_version(served_to),
         "gateway": {"inflight": gw.pending, "pending_writes": pool.pending_writes(),
+                    "turns_by_how": gw.sessions.turns_by_how(tenant),
                     "swaps": [{"at": at, "adapter": name, "version": v, "load_s": s}
                               for at, name, v, s in gw.swaps if tenant is None or name == adapter][-20:]},
         "pool": pool.stats(tenant),
@@ -122,9 +123,7 @@ def session(gw: Gateway, session_id: str, tenant: str | None) -> dict[str, Any]:
     """One session, every turn with what the judge saw and decided: the request's last user
     message, the reply, the next state, rewards with votes and evidence, hints, failed judging
     attempts (and the give-up, with its reason), the sample's fate."""
-    shown = gw.pool.show(session_id, tenant)
-    if shown["kind"] != "session":
-        raise KeyError(f"no session {session_id!r}")
+    shown = gw.pool.show(session_id, tenant, "session")
     turns = []
     for turn in shown["steps"]:
         [step] = gw.pool.get_steps([turn["step_id"]])

@@ -87,6 +87,11 @@ def overview(s: dict[str, Any]) -> str:
         pinned = (s.get("control") or {}).get("pinned")
         cards += (f'<p class="note">guard: {decided.count("promoted")} promoted, {decided.count("rejected")} rejected'
                   f'{said}{f"; pinned to v{pinned}" if pinned is not None else ""}</p>')
+    how = gw["turns_by_how"]
+    if how:
+        cards += ('<p class="note">sessions found by: ' + ", ".join(f"{escape(k)} {n}" for k, n in how.items())
+                  + (f'; <b>{how["unmatched"]} turns carried history no open session held</b> (a conversation '
+                     'split in two: see docs/gateway.md, Sessions)' if how.get("unmatched") else "") + "</p>")
     if judge["running"]:
         outcomes = ", ".join(f"{escape(k)}: {n}" for k, n in judge["outcomes"].items()) or "nothing judged yet"
         cards += (f'<p class="note">judge: {outcomes}; hints accepted {judge["hints"]}; '
