@@ -89,8 +89,11 @@ class FakeEngine:
         # Imported here so the fake HTTP server (which needs no engine) does not load torch.
         from clawr1.engine.chat import ChatFormat
 
+        from clawr1.core.types import SamplingDefaults
+
         self.max_context = max_context
         self.tokenizer = FakeTokenizer()
+        self.sampling_defaults = SamplingDefaults()
         self.version = 0
         self._parse = ChatFormat.parse  # the real parser: tool-call markup in a reply would be honoured
         self._adapters: dict[str, int] = {}
@@ -102,8 +105,8 @@ class FakeEngine:
             ids += [ROLE_IDS.get(message.get("role", ""), 0), len(str(message.get("content") or ""))]
         return ids
 
-    def parse(self, text: str) -> ParsedCompletion:
-        return self._parse(text)
+    def parse(self, text: str, tools: list[dict[str, Any]] | None = None) -> ParsedCompletion:
+        return self._parse(text, tools)
 
     def generate(self, prompt_ids: list[int], sampling: SamplingParams, adapter: str | None = None,
                  affinity: str | None = None) -> FakeStream:

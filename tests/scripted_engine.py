@@ -56,12 +56,13 @@ class ScriptedEngine:
     def __init__(self, engine: Any, reply: str, delay: float = 0.0):
         self.engine, self.reply, self.delay = engine, reply, delay
         self.tokenizer, self.max_context = engine.tokenizer, engine.max_context
+        self.sampling_defaults = engine.sampling_defaults
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         return self.engine.render(messages, tools)
 
-    def parse(self, text: str) -> Any:
-        return self.engine.parse(text)
+    def parse(self, text: str, tools: list[dict[str, Any]] | None = None) -> Any:
+        return self.engine.parse(text, tools)
 
     def adapters(self) -> dict[str, int]:
         return {}

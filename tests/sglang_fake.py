@@ -4,7 +4,7 @@ real local engine. Requests are validated strictly: a field SGLang does not docu
 so the client cannot drift from the real API unnoticed.
 
 Documented shapes used:
-- `POST /generate` {input_ids, sampling_params{max_new_tokens, temperature, top_p, stop,
+- `POST /generate` {input_ids, sampling_params{max_new_tokens, temperature, top_p, top_k (-1: off), stop,
   sampling_seed}, return_logprob, logprob_start_len, lora_path} -> {text, output_ids, meta_info{
   finish_reason{type}, prompt_tokens, completion_tokens, output_token_logprobs [[logprob, id,
   null]], input_token_logprobs (from logprob_start_len; the first prompt token has null),
@@ -33,6 +33,7 @@ class Sampling(_Strict):
     max_new_tokens: int = Field(128, ge=0)
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = -1
     stop: list[str] | None = None
     sampling_seed: int | None = None
 
@@ -60,10 +61,17 @@ class UpdateWeights(_Strict):
     weight_version: str | None = None
 
 
-def sglang_app(engine: Any) -> FastAPI:
+def sglang_app(engine: Any, api_key: str | None = None) -> FastAPI:
+    """`api_key`: as `--api-key`, every request must carry it as a Bearer token (401 otherwise)."""
     app = FastAPI()
     app.state.requests = []  # every request body, for the test to inspect
     app.state.weight_version = "default"
+
+    @app.middleware("http")
+    async def keyed(request: Any, call_next: Any) -> Any:
+        if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
+            return JSONResponse({"error": "Unauthorized"}, status_code=401)
+        return await call_next(request)
 
     @app.get("/health")
     async def health() -> Any:  # documented: 200 once the server serves
@@ -85,7 +93,8 @@ def sglang_app(engine: Any) -> FastAPI:
             meta.update(input_token_logprobs=entries, completion_tokens=0, finish_reason={"type": "length"})
             return {"text": "", "output_ids": [], "meta_info": meta}
         gen = await engine.generate(req.input_ids, SamplingParams(
-            max_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, stop=tuple(s.stop or ()),
+            max_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=max(s.top_k, 0),
+            stop=tuple(s.stop or ()),
             seed=s.sampling_seed), adapter=adapter).final()
         meta.update(completion_tokens=len(gen.token_ids), finish_reason={"type": gen.finish_reason})
         if req.return_logprob:

@@ -64,7 +64,10 @@ def up_vllm(model_dir, tmp_path_factory):
                                check=False, capture_output=True, text=True).stdout.splitlines()
         assert len(found) == 1, found
         line = found[0].split()
-        yield SimpleNamespace(proc=proc, base=base, data=data, server_pid=int(line[0]), command=line,
+        # The key up made for it, from the server's environment (where up put it: not its command line).
+        environ = Path(f"/proc/{line[0]}/environ").read_bytes().split(b"\0")
+        key = next(v.split(b"=", 1)[1].decode() for v in environ if v.startswith(b"VLLM_API_KEY="))
+        yield SimpleNamespace(proc=proc, base=base, data=data, server_pid=int(line[0]), command=line, key=key,
                               url=f"http://127.0.0.1:{line[line.index('--port') + 1]}")
     finally:
         if proc.poll() is None:
@@ -92,6 +95,9 @@ def test_up_starts_vllm_itself_and_serves_through_it(up_vllm, model_dir):
     assert reply.json()["choices"][0]["message"]["content"]
     assert (up_vllm.data / "run" / "vllm.log").is_file()
     assert "--enable-lora" in up_vllm.command and up_vllm.command[up_vllm.command.index("--dtype") + 1] == "float32"
+    assert up_vllm.key not in " ".join(up_vllm.command)
+    stranger = httpx.post(f"{up_vllm.url}/v1/completions", json={"model": SERVED_NAME, "prompt": "hi"}, timeout=60)
+    assert stranger.status_code == 401  # another local user can neither sample nor load adapters
 
 
 def test_sampled_ids_and_logprobs_are_exact_and_lora_swaps_under_a_request(up_vllm, model_dir, real_engine,
@@ -99,7 +105,7 @@ def test_sampled_ids_and_logprobs_are_exact_and_lora_swaps_under_a_request(up_vl
     vllm_url = up_vllm.url
 
     async def go():
-        engine = VLLMEngine(model_dir, EngineConfig(backend="vllm", url=vllm_url))
+        engine = VLLMEngine(model_dir, EngineConfig(backend="vllm", url=vllm_url, api_key=up_vllm.key))
         try:
             prompt = engine.render([{"role": "user", "content": "Name three colours."}])
             assert prompt == real_engine.render([{"role": "user", "content": "Name three colours."}])
@@ -130,7 +136,8 @@ def test_sampled_ids_and_logprobs_are_exact_and_lora_swaps_under_a_request(up_vl
             finished = await running.final()
             assert (finished.version, after.version) == (1, 2) and finished.finish_reason in ("stop", "length")
             for _ in range(100):  # v1 is unloaded from the server once nothing holds it
-                served = {m["id"] for m in httpx.get(f"{vllm_url}/v1/models").json()["data"]}
+                served = {m["id"] for m in httpx.get(f"{vllm_url}/v1/models",
+                                                     headers={"Authorization": f"Bearer {up_vllm.key}"}).json()["data"]}
                 if served == {SERVED_NAME, "policy@v2"}:
                     break
                 await asyncio.sleep(0.1)
@@ -142,7 +149,7 @@ def test_sampled_ids_and_logprobs_are_exact_and_lora_swaps_under_a_request(up_vl
 
 
 def test_the_gateway_records_vllm_tokens_token_for_token(up_vllm, model_dir, tmp_path):
-    engine = VLLMEngine(model_dir, EngineConfig(backend="vllm", url=up_vllm.url))
+    engine = VLLMEngine(model_dir, EngineConfig(backend="vllm", url=up_vllm.url, api_key=up_vllm.key))
     with live_gateway(engine, tmp_path) as (base, pool):
         reply = httpx.post(f"{base}/v1/chat/completions", timeout=120, json={
             "model": "m", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16,

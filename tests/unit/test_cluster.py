@@ -158,3 +158,73 @@ def test_the_router_scores_at_temperature_one_only_where_its_replicas_do(tiny_mo
     expected = getattr(replica_class, "scores_at_temperature_one_only", False)
     assert expected is (backend != "local")  # the servers' prompt logprobs are unscaled; the local engine scales
     assert getattr(router, "scores_at_temperature_one_only", False) is expected
+
+
+class FakeRay:
+    """`ray` as `launch.trainer_group` uses it: records each actor's options; answers at once."""
+
+    def __init__(self, gpus: float) -> None:
+        self.gpus, self.options = gpus, []
+
+    def cluster_resources(self) -> dict[str, float]:
+        return {"CPU": 16.0, **({"GPU": self.gpus} if self.gpus else {})}
+
+    def remote(self, cls):
+        fake = self
+
+        class Handle:
+            def __getattr__(self, name):
+                return Method([], name)
+
+        class Actor:
+            @staticmethod
+            def options(**options):
+                fake.options.append(options)
+                return type("Bound", (), {"remote": staticmethod(lambda *args: Handle())})
+
+        return Actor
+
+    @staticmethod
+    def get(refs):
+        return [1 for _ in refs] if isinstance(refs, list) else ("127.0.0.1", 1234)
+
+
+@pytest.mark.parametrize("overrides, gpus, want", [
+    ([], 8, {"num_gpus": 1.0}),  # auto on a GPU cluster: a GPU of its own for each rank
+    (['trainer.device="cuda"'], 8, {"num_gpus": 1.0}),
+    (["ray.trainer_gpus=2"], 8, {"num_gpus": 2.0}),
+    ([], 0, {"num_gpus": 0, "runtime_env": {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}}),
+    (['trainer.device="cpu"', "ray.trainer_gpus=0"], 8, {"num_gpus": 0,
+                                                        "runtime_env": {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}}),
+])
+def test_each_trainer_rank_actor_asks_ray_for_its_own_gpu(monkeypatch, overrides, gpus, want):
+    """Ray 2.60 leaves every GPU visible to an actor that asked for none (`num_gpus=0`, the old
+    default of `ray.trainer_gpus`): each rank took cuda:0, beside engine replica 0, and NCCL failed
+    on the duplicate GPU. Each rank asks for a GPU when the trainer runs on one, and one that asks
+    for none sees none."""
+    import sys
+
+    from clawr1.cluster import launch
+    from clawr1.core.config import load_config
+
+    fake = FakeRay(gpus)
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    config = load_config(None, ["ray.trainer_ranks=2", *overrides])
+    assert len(launch.trainer_group(config, pool=None, generation=0)) == 2
+    assert len(fake.options) == 2
+    for options in fake.options:
+        assert {k: options[k] for k in want} == want and options.get("runtime_env") == want.get("runtime_env")
+    one = load_config(None, overrides)  # the single trainer actor asks the same
+    assert launch.trainer_resources(one, gpus) == want
+
+
+def test_gpus_that_cannot_give_each_trainer_rank_its_own_are_refused():
+    from clawr1.cluster import launch
+    from clawr1.core.config import load_config
+
+    with pytest.raises(ValueError, match="ray.trainer_gpus = 0"):
+        launch.trainer_resources(load_config(None, ['trainer.device="cuda"', "ray.trainer_gpus=0"]), 8)
+    with pytest.raises(ValueError, match="NCCL refuses"):
+        launch.trainer_resources(load_config(None, ["ray.trainer_ranks=2", "ray.trainer_gpus=0.5"]), 8)
+    # one trainer may share a GPU with the engine replicas
+    assert launch.trainer_resources(load_config(None, ["ray.trainer_gpus=0.5"]), 1) == {"num_gpus": 0.5}

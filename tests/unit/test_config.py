@@ -64,3 +64,19 @@ def test_printed_config_redacts_keys(capsys):
     assert "sk-agent-secret" not in printed and "admin-secret" not in printed
     assert "api_keys is set (redacted)" in printed
     tomllib.loads(printed)
+
+
+def test_one_cuda_device_for_several_trainer_ranks_is_refused(monkeypatch):
+    """`trainer.device = "cuda:1"` with several ranks put every rank on GPU 1 while each rank's
+    NCCL communicator was bound to its own `cuda:LOCAL_RANK`: refused in the config (Ray ranks),
+    by `clawr1 train --nproc` before it launches, and by a rank joining its group (torchrun)."""
+    from clawr1.trainer.ranks import Ranks
+
+    with pytest.raises(ValidationError, match="every rank on that one GPU"):
+        load_config(None, ['trainer.device="cuda:1"', "ray.trainer_ranks=2"])
+    assert load_config(None, ['trainer.device="cuda"', "ray.trainer_ranks=2"]).trainer.device == "cuda"
+    assert load_config(None, ['trainer.device="cuda:1"']).trainer.device == "cuda:1"  # one rank: its GPU
+    assert main(["train", "--nproc", "2", "--set", 'trainer.device="cuda:1"']) == 2
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="every rank on that one GPU"):
+        Ranks.from_env("cuda:0")

@@ -174,3 +174,50 @@ def test_feedback_given_while_a_lease_runs_applies_when_the_lease_expires(open_p
         pool_later(61)
         assert pool.expire_leases() == 2
         assert {s.step_id: s.reward for s in pool.lease(2).samples} == {judged: -1.0, untouched: 1.0}
+
+
+def test_a_sample_whose_training_keeps_failing_is_dropped_as_poison(open_pool, pool_later):
+    """A sample the trainer cannot train (out of memory alone in its pass, or one that kills the
+    process) came back with its lease and failed again, forever. Each failed attempt (given back
+    with why, or an expired lease) is an event of its session; at `max_lease_attempts` it is
+    dropped as `poison`, counted among the drop reasons; the others of its leases train on."""
+    with open_pool(lease_seconds=60, max_lease_attempts=3) as pool:
+        bad, good = ready_steps(pool, 2)
+        for _ in range(2):
+            lease = pool.lease(2)
+            assert set(lease.step_ids) == {bad, good}
+            assert pool.release(lease, {bad: "out of memory: CUDA out of memory"}) == 2  # both READY again
+        assert pool.release(lease) == 0  # given back already
+        crashed = pool.lease(2)
+        pool_later(61)  # the trainer died with it: the expiry is the third failure of `bad`, the first of `good`
+        assert pool.expire_leases() == 1
+        stats = pool.stats()
+        assert stats["dropped_by_reason"] == {"poison": 1} and stats["ready"] == 1
+        assert pool.show(bad)["sample"]["reason"] == "poison"
+        failures = [e for e in pool.show(bad, kind="session")["events"] if e["kind"] == "lease_failed"]
+        assert [e["data"]["step_id"] for e in failures] == [bad, bad, bad]
+        assert [e["data"]["error"] for e in failures][:2] == ["out of memory: CUDA out of memory"] * 2
+        assert "expired" in failures[2]["data"]["error"] and failures[2]["data"]["attempt"] == 3
+        assert list(pool.lease(2).step_ids) == [good]  # the poison one is never leased again
+        assert pool.ack(crashed) == 0  # a late ack consumes nothing dropped, nothing leased again
+        with pytest.raises(UnknownLeaseError):
+            pool.release("no-such-lease")
+
+
+def test_a_lease_takes_a_grpo_group_whole(open_pool):
+    """Samples of one prompt id are a GRPO group, normalised together. A lease cut at `n` split a
+    group (the trainer normalised each part alone, a member left alone was taken for a lone
+    online sample); a lease now takes the rest of any group it starts."""
+    with open_pool() as pool:
+        alone = ready_steps(pool, 1, prefix="alone")
+        group = [f"g-{i}" for i in range(3)]
+        pool.append_steps(Step(step_id=i, tenant="default", session_id=i, prompt_id="prompt-7", turn_index=0,
+                               turn_type="main", messages=[{"role": "user", "content": "hi"}], tools=None,
+                               prompt_ids=[1], token_ids=[2], logprobs=[-0.5], text="hello", policy_version=0,
+                               adapter=None, finish_reason="stop", temperature=1.0) for i in group)
+        for i, step_id in enumerate(group):
+            pool.add_reward(Reward(step_id=step_id, score=1.0 if i else -1.0, source="env"))
+        later = ready_steps(pool, 2, prefix="later")
+        lease = pool.lease(2)  # the oldest two: `alone` and the first of the group, then the rest of it
+        assert list(lease.step_ids) == alone + group and len(lease.samples) == 4
+        assert set(pool.lease(10).step_ids) == set(later)

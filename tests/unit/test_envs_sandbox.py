@@ -85,7 +85,8 @@ def test_writes_outside_the_workspace_never_reach_the_host(tmp_path: Path) -> No
     with _box() as box:
         result = box.run("; ".join(f"echo pwned > {t}" for t in targets) + f"; echo pwned > ../{name}; echo done")
         assert result.stdout == "done\n"
-        assert result.stderr.count("Read-only file system") >= 2  # /var/tmp and /etc
+        # /etc is the sandbox's own read-only root's; /var and the host's tmp_path are not there at all.
+        assert result.stderr.count("Read-only file system") == 1 and result.stderr.count("nonexistent") == 2
         assert box.run(f"echo x > /dev/{name}").exit_code != 0
         parent = box.workdir.parent
         for target in [*targets, parent / name]:
@@ -97,11 +98,13 @@ def test_writes_outside_the_workspace_never_reach_the_host(tmp_path: Path) -> No
 def test_a_host_mount_the_sandbox_cannot_reach_neither_stops_it_nor_opens_to_it() -> None:
     """A root host's mount under a 0700 directory (a Docker overlay, a test's own tmpfs) cannot be
     remounted read-only by the sandbox's uid, which once failed every command. The command cannot
-    reach it either, so it runs, and the mount stays out of its reach. Under /var/tmp: the
-    sandbox's /tmp is a fresh tmpfs, which would hide the mount for another reason."""
+    reach it either, so it runs, and the mount stays out of its reach. Under a lent tool path: the
+    rest of the host is not in the sandbox at all, which would hide the mount for another reason."""
     if os.geteuid() != 0:
         pytest.skip("the sandbox drops to its own uid only on a root host")
-    hidden = Path("/var/tmp") / f"clawr1-root-only-{uuid.uuid4().hex}"
+    lent = Path("/var/tmp") / f"clawr1-lent-{uuid.uuid4().hex}"
+    lent.mkdir(mode=0o755)
+    hidden = lent / "root-only"
     hidden.mkdir(mode=0o700)
     disk = hidden / "disk"
     disk.mkdir()
@@ -110,9 +113,10 @@ def test_a_host_mount_the_sandbox_cannot_reach_neither_stops_it_nor_opens_to_it(
     if mounted.returncode != 0:
         disk.rmdir()
         hidden.rmdir()
+        lent.rmdir()
         pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or mounted.returncode})")
     try:
-        with _box() as box:
+        with _box(tool_paths=[lent]) as box:
             result = box.run(f"echo pwned > {disk}/x; ls {disk}; echo done")
             assert result.stdout == "done\n" and "Permission denied" in result.stderr, result
         assert not (disk / "x").exists()
@@ -120,6 +124,7 @@ def test_a_host_mount_the_sandbox_cannot_reach_neither_stops_it_nor_opens_to_it(
         subprocess.run(["umount", str(disk)], check=True)
         disk.rmdir()
         hidden.rmdir()
+        lent.rmdir()
 
 
 def test_network_is_unreachable_and_host_sockets_stay_untouched() -> None:
@@ -203,3 +208,92 @@ def test_no_mechanism_means_refusal_unless_unsandboxed_runs_are_allowed(monkeypa
         assert box.run("echo hi > f.txt; cat f.txt").stdout == "hi\n"
         assert box.run("sleep 30").killed == "wall time"
         assert box.run("yes | head -c 1000").stdout.endswith("[... 900 more bytes cut]")
+
+
+@pytest.fixture
+def host_dir():
+    """A directory any user of the host may read (not under the sandbox's fresh /tmp): where a
+    pool, a config with keys or a home directory lives, for what a command may see."""
+    path = Path("/var/tmp") / f"clawr1-host-{uuid.uuid4().hex}"
+    path.mkdir(mode=0o755)
+    path.chmod(0o755)
+    yield path
+    subprocess.run(["rm", "-rf", str(path)], check=True)
+
+
+def test_a_command_sees_its_task_and_the_system_tools_and_nothing_else_of_the_host(host_dir: Path) -> None:
+    """Not the pool, a config with its keys, nor ~/.ssh, even where the host lets any user read them."""
+    secrets = {"pool.sqlite": "steps of every tenant", "clawr1.toml": 'api_keys = ["sk-secret-key"]',
+               ".ssh/id_ed25519": "PRIVATE KEY"}
+    for name, text in secrets.items():
+        (host_dir / name).parent.mkdir(mode=0o755, exist_ok=True)
+        (host_dir / name).write_text(text)
+        (host_dir / name).chmod(0o644)
+        (host_dir / name).parent.chmod(0o755)
+    with _box() as box:
+        (box.workdir / "task.txt").write_text("the task\n")
+        result = box.run("; ".join(f"cat {host_dir / name}" for name in secrets)
+                         + f"; ls {host_dir.parent}; ls /home /root /work /srv; cat task.txt")
+        for text in secrets.values():
+            assert text not in result.stdout
+        assert result.stdout == "the task\n", result
+        tools = box.run("python3 -c 'print(6 * 7)' && ls /usr/bin/env && sh -c 'echo $HOME' && id -u")
+        assert tools.stdout.splitlines()[:3] == ["42", "/usr/bin/env", str(box.workdir)], tools
+
+
+def test_no_host_unix_socket_is_reachable(host_dir: Path) -> None:
+    """A gateway worker's socket (the full API when it has no keys), a Docker socket: none is there."""
+    path = host_dir / "gateway-0.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    path.chmod(0o777)
+    listener.listen()
+    listener.setblocking(False)
+    try:
+        with _box() as box:
+            code = (f"import socket\ns = socket.socket(socket.AF_UNIX)\ntry:\n    s.connect({str(path)!r})\n"
+                    "except OSError as e:\n    print('refused')\nelse:\n    print('connected')\n")
+            (box.workdir / "sock.py").write_text(code)
+            result = box.run("python3 sock.py; find / -type s 2>/dev/null")  # no socket file anywhere
+            assert result.stdout == "refused\n", result
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    finally:
+        listener.close()
+
+
+def test_tools_are_lent_read_only_with_the_mounts_under_them_even_at_paths_with_spaces(host_dir: Path) -> None:
+    """`findmnt -r` writes a space as `\\x20`: a mount there once stayed writable."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs on the host needs root")
+    spaced = host_dir / "my tools"
+    spaced.mkdir(mode=0o755)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=777", "tmpfs", str(spaced)], check=False,
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or mounted.returncode})")
+    try:
+        (spaced / "tool.sh").write_text("echo tool ran\n")
+        (spaced / "tool.sh").chmod(0o755)
+        with _box(tool_paths=[host_dir]) as box:
+            result = box.run(f"sh '{spaced}/tool.sh'; echo pwned > '{spaced}/x'; echo pwned > '{host_dir}/y'; "
+                             "echo done")
+            assert result.stdout == "tool ran\ndone\n", result
+            assert result.stderr.count("Read-only file system") == 2, result
+        assert not (spaced / "x").exists() and not (host_dir / "y").exists()
+    finally:
+        subprocess.run(["umount", str(spaced)], check=True)
+
+
+def test_all_processes_of_a_command_share_one_memory_cap() -> None:
+    """Each process under its own `memory_mb` and all of them over `total_memory_mb`: killed, even
+    by a command that first kills whatever it can and closes its output (the host keeps count)."""
+    hold = "python3 -c 'import time; x = b\"1\" * (150 << 20); time.sleep(20)' &"
+    with _box(wall_s=15.0, memory_mb=256, total_memory_mb=400) as box:
+        result = box.run(f"{hold} {hold} {hold} {hold} wait")
+        assert result.killed == "memory" and result.exit_code != 0, result
+        sly = box.run(f"kill -KILL -1; exec >/dev/null 2>&1; {hold} {hold} {hold} {hold} wait")
+        assert sly.killed == "memory", sly
+        alone = box.run("python3 -c 'x = b\"1\" * (150 << 20); print(len(x) >> 20)'")
+        assert alone.stdout == "150\n" and alone.killed is None, alone
+    _assert_no_leftovers(box)

@@ -88,6 +88,22 @@ def test_runner_drives_an_external_agent_and_closes_with_its_outcome(engine, tmp
         assert pool.get_steps([first])[0].next_state == [{"role": "user", "content": "Go on."}]
 
 
+def test_an_agent_gets_a_key_that_serves_its_session_and_cannot_rate_it(engine, tmp_path, monkeypatch):
+    """The agent had the runner's (the tenant's) key: its model could rate its own turns +1."""
+    keys = 'gateway.api_keys=["sk-runner-0001"]'
+    monkeypatch.setenv("CLAWR1_TEST_RATED", str(tmp_path / "rated.txt"))  # where the agent says what it got
+    greedy = Task(id="greedy", env="file", prompt="answer please", check={"text": "42"},
+                  meta={"answer": "41", "rate": True})
+    with live_gateway(engine, tmp_path / "pool", keys) as (base, pool):
+        config = load_config(None, [f'data_dir="{tmp_path / "pool"}"', keys])
+        [result] = run_agent(config, AGENT, [greedy], base_url=base + "/v1", env_factory=lambda t: FileEnv())
+        assert (tmp_path / "rated.txt").read_text() == "403"
+        assert result.status == "ok" and result.outcome == -1.0 and result.turns == 1
+        session = pool.show(result.session_id)
+        assert session["outcome_reward"] == -1.0 and session["steps"][-1]["reward"] == -1.0
+        assert not [r for s in session["steps"] for r in s["rewards"] if r["source"] == "feedback"]
+
+
 def test_cli_run_agent_with_an_in_process_gateway(tiny_model_dir, tmp_path, monkeypatch, capsys):
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps({"id": "t1", "env": "file", "prompt": "p", "check": {"text": "ok"},

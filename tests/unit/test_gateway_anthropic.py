@@ -204,7 +204,7 @@ def test_session_ids_from_path_and_headers(server):
     ({"model": "m", "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
     ({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]}, "image"),
-    ({"model": "m", "max_tokens": 4, "top_k": 5, "messages": [{"role": "user", "content": "x"}]}, "top_k"),
+    ({"model": "m", "max_tokens": 4, "top_k": -1, "messages": [{"role": "user", "content": "x"}]}, "top_k"),
     ({"model": "m", "max_tokens": 4, "messages": [{"role": "system", "content": "x"}]}, "role"),
     ({"model": "m", "max_tokens": 4, "tools": [{"type": "web_search_20250305", "name": "web_search"}],
       "messages": [{"role": "user", "content": "x"}]}, "server tool"),

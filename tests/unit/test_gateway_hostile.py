@@ -187,7 +187,7 @@ class FailingStream(ScriptedStream):
 
 
 class BuggyParse(ScriptedEngine):
-    def parse(self, text: str) -> Any:
+    def parse(self, text: str, tools: Any = None) -> Any:
         raise RuntimeError("a bug in the engine's parser")
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import httpx
 import pytest
@@ -87,9 +86,11 @@ def test_the_guard_promotes_a_sane_version_and_never_serves_a_broken_one(fresh, 
         assert fingerprint(base) == "clawr1-v1"  # the rejected version never served a request
         assert "policy@candidate" not in fresh.adapters()
 
-        # Probes are held out of training and their replies are side turns anyone can read.
+        # Probes are held out of training and their replies are side turns anyone can read; half
+        # of the 8 are everyday requests (`guard.everyday_probes`), prompts no user sent.
         probes = [s for s in pool.samples(limit=100) if s["reason"] == "probe"]
-        assert len(probes) == 8 and all(s["status"] == "dropped" for s in probes)
+        assert len(probes) == 4 and all(s["status"] == "dropped" for s in probes)
+        assert verdict["scores"]["from_traffic"] == 4 and verdict["scores"]["probes"] == 8
         sessions = {s["session_id"] for s in pool.sessions(limit=100)}
         assert {"probe:base:set1", "probe:policy@candidate:v1", "probe:policy@candidate:v2"} <= sessions
         log = [(d["version"], d["status"]) for d in pool.policy_versions("policy")]
@@ -100,6 +101,7 @@ def test_the_guard_promotes_a_sane_version_and_never_serves_a_broken_one(fresh, 
         assert rows[2]["probe_kl"] > 1.0 and rows[1]["probe_sane_rate"] is not None
         page = httpx.get(f"{base}/metrics").text
         assert 'clawr1_guard_decisions_total{decision="rejected"} 1.0' in page
+        assert 'clawr1_guard_rejected_in_a_row{adapter="policy"} 1.0' in page  # since v1's promotion
         assert 'clawr1_served_quality{adapter="policy",measure="sane_rate",who="served"}' in page
 
         # The admin's levers: pin the base, then roll back.
@@ -137,7 +139,9 @@ def test_a_served_version_found_out_of_the_base_range_is_rolled_back(fresh, tiny
     store.decide(root, "policy", 1, "promoted", "test: in range", {})
     publish(tiny_model_dir, tmp_path, 2, scale=30.0)  # wrecked, yet served: as if promoted on too few probes
     store.decide(root, "policy", 2, "promoted", "test: drifted past the probes", {})
-    with live_gateway(fresh, tmp_path, *GUARD) as (base, pool):
+    # Probes from the traffic alone: on the tiny random model every reply to an everyday request is
+    # as far from it as a wrecked version's, so those probes would blur the served-vs-base check.
+    with live_gateway(fresh, tmp_path, *GUARD, "guard.everyday_probes=0") as (base, pool):
         wait_for(lambda: fingerprint(base) == "clawr1-v2", 10, "the drifted v2 served after the restart")
         talk(base, 10)
         publish(tiny_model_dir, tmp_path, 3, scale=30.0)
@@ -473,3 +477,74 @@ def test_probes_need_a_user_message_and_are_sampled_at_temperature_one_on_a_serv
         guard = Guard(gw)
         drawn = asyncio.run(guard._draw(guard._line("policy"), held, 1))
         assert sampled == [expected] and [p.temperature for p in drawn.probes] == [expected]
+
+
+def test_the_kl_bound_holds_when_a_probe_reply_is_empty_and_an_unmeasured_kl_does_not_pass():
+    """One empty probe reply (no tokens, so no KL) made the candidate's KL None, and the guard then
+    dropped its `max_kl` check: any drift passed. The KL is now the mean over the replies with
+    tokens, bounded as before; with no reply measured at all the bound is not waved through."""
+    from clawr1.quality import Calibration, Quality, Summary, summarize
+
+    config = load_config(None, ["guard.max_kl=0.5"]).guard
+    cal = Calibration(0.3, -2.0, 0.25, 16, 0.6, -1.4, 0.0)
+    drifted = [Quality(0.7, -1.0, 0.0, False, 10, kl=2.0, entropy=1.0) for _ in range(7)]
+    empty = Quality(0.0, None, 0.0, True, 0)
+    candidate = summarize(drifted + [empty], cal)
+    assert candidate.kl == pytest.approx(2.0) and candidate.entropy == pytest.approx(1.0)
+    from clawr1.guard.guard import verdicts
+    reference = Summary(n=8, relevance=0.7, fluency=-1.0, repetition=0.0, sane_rate=candidate.sane_rate, kl=0.0)
+    against_incumbent, against_base = verdicts(candidate, reference, reference, config)
+    assert not against_incumbent.ok and "KL 2.000 nats/token (max 0.500)" in against_incumbent.reason
+    assert against_base.ok
+    unmeasured = summarize([empty] * 8, cal)
+    assert unmeasured.kl is None
+    against_incumbent, _ = verdicts(unmeasured, replace_sane(reference, unmeasured), reference, config)
+    assert not against_incumbent.ok and "KL not measured" in against_incumbent.reason
+    calm = summarize([Quality(0.7, -1.0, 0.0, False, 10, kl=0.1, entropy=1.0)] * 7 + [empty], cal)
+    assert verdicts(calm, reference, reference, config)[0].ok  # within the bound: passes
+
+
+def replace_sane(summary, like):
+    from dataclasses import replace
+
+    return replace(summary, sane_rate=like.sane_rate)
+
+
+def test_rejections_in_a_row_shrink_the_next_step_until_a_promotion(tiny_model_dir, tmp_path, generations):
+    """From the base, each rejection restored the initial LoRA and an empty AdamW, so every next
+    candidate was the same first (warm-up) step, which moves every weight by the same lr whatever
+    the batch: a guard that rejected it once rejected every candidate. Each rejection in a row now
+    halves the next step (`trainer.reject_backoff`); a promotion ends the backoff."""
+    from safetensors.torch import load_file
+
+    from clawr1.trainer.loop import Trainer
+
+    config = load_config(None, [f'data_dir="{tmp_path}"', f'engine.model="{tiny_model_dir}"', "trainer.batch_size=2",
+                                "trainer.lr=0.05", "trainer.poll_s=0.02", "guard.decision_timeout_s=30"])
+    root = tmp_path / "adapters"
+    with SQLitePool(tmp_path, config.pool) as pool:
+        trainer = Trainer(config, pool)
+        moves, lrs = [], []
+        for version, status in ((1, "rejected"), (2, "rejected"), (3, "promoted"), (4, "rejected")):
+            store_rewarded(pool, generations[2 * version:2 * version + 2], 2 * version,
+                           lambda i: 1.0 if i % 2 else -1.0)
+
+            def judge(v: int = version, s: str = status) -> None:
+                wait_for(lambda: store.newest(root, "policy") and store.newest(root, "policy")[0] == v, 30)
+                store.decide(root, "policy", v, s, "test", {})
+
+            threading.Thread(target=judge, daemon=True).start()
+            metrics = trainer.run_once()
+            assert metrics["verdict"] == status
+            lrs.append(metrics["lr"])
+            published = load_file(store.version_dir(root, "policy", version) / "adapter_model.safetensors")
+            moves.append(max(float(t.abs().max()) for n, t in published.items() if "lora_B" in n))
+        # v1..v3 are each one first Adam step from the base (B = 0): each moves B by about its lr
+        assert lrs[0] == pytest.approx(0.05 / 4) and lrs[1] == pytest.approx(lrs[0] / 2)
+        assert lrs[2] == pytest.approx(lrs[0] / 4) and lrs[3] == pytest.approx(2 * 0.05 / 4)  # after a promotion: off
+        assert moves[1] == pytest.approx(moves[0] / 2, rel=0.02) and moves[2] == pytest.approx(moves[0] / 4, rel=0.02)
+        assert trainer.rejections == 1 and trainer.promoted == 3
+        trainer.close()
+        resumed = Trainer(config, pool)  # the count is checkpointed: a restart keeps the smaller step
+        assert resumed.rejections == 1
+        resumed.close()

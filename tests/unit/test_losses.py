@@ -278,3 +278,26 @@ def test_the_fused_head_has_the_gradients_of_the_naive_log_softmax(monkeypatch, 
             assert torch.allclose(value, naive(hidden, weight)[term], atol=1e-5), term
     for got, expected in zip(grads[1], grads[0], strict=True):
         assert float((got - expected).norm() / expected.norm()) < 1e-5, terms
+
+
+def test_dual_clip_bounds_a_negative_advantage_and_nothing_overflows():
+    """A token the learner now likes e^30 times more than the sampler did, with a negative
+    advantage: min(r A, clip(r) A) was -1e13 (and past e^88.7 the ratio was inf, the loss NaN).
+    The dual clip holds it at 3 A with no gradient; a positive advantage is clipped as before;
+    the k3 term on a token the reference all but ruled out stays finite."""
+    behaviour = torch.tensor([-40.0, -40.0, -200.0, -1.0])
+    logp = torch.tensor([-10.0, -10.0, -1.0, -1.0], requires_grad=True)
+    adv = torch.tensor([-1.0, 1.0, -2.0, -1.0])
+    mask = torch.tensor([1.0, 1.0, 1.0, 0.0])  # the last is masked: it must not turn the mean into NaN
+    loss, stats = ppo_loss(logp, behaviour, adv, mask, 0.2, 0.28, dual_clip=3.0)
+    loss.backward()
+    assert loss.item() == pytest.approx(-(3.0 * -1.0 + 1.28 * 1.0 + 3.0 * -2.0) / 3)
+    assert torch.isfinite(logp.grad).all() and logp.grad.tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert stats["clip_frac"].item() == pytest.approx(1.0) and math.isfinite(stats["ratio"].item())
+    within = ppo_loss(torch.log(torch.tensor([0.5])), torch.log(torch.tensor([0.25])), torch.tensor([-1.0]),
+                      torch.ones(1), 0.2, 0.28, dual_clip=3.0)[0]
+    assert within.item() == pytest.approx(2.0)  # ratio 2 < 3: min(-2, -1.28) = -2, the dual clip not binding
+    reference, far = torch.tensor([0.0]), torch.tensor([-200.0], requires_grad=True)
+    k3 = kl_to_reference(far, reference, torch.ones(1))
+    k3.backward()
+    assert math.isfinite(k3.item()) and k3.item() > 1e8 and torch.isfinite(far.grad).all()

@@ -279,3 +279,15 @@ def _chance(embedder, replies):
                 a, b = embedder([reply.text, other])
                 out.append(float(a @ b))
     return out
+
+
+def test_a_reply_in_a_script_its_request_has_none_of_is_not_sane():
+    from clawr1.quality.measures import foreign_script
+
+    english = "How can I make my small apartment feel bigger?"
+    assert foreign_script("**Eco-Friendly能源**: Design your space with solar panels.", english)
+    assert foreign_script("Use mirrors. Это помогает.", english)
+    assert not foreign_script("Use mirrors and light colours; keep the floor clear.", english)
+    assert not foreign_script("The area is πr², with α the angle.", english)  # Greek: mathematics
+    assert not foreign_script("Try the café, or say 能.", english)  # one letter: a quote, a name
+    assert not foreign_script("可以用镜子。", "我怎样让小公寓显得更大？")  # asked in Chinese, answered in it

@@ -347,3 +347,124 @@ def test_the_teacher_of_a_raw_prompt_step_sees_its_prompt_and_the_hint(tiny_mode
     assert "le chat dort" in chat.tokenizer.decode(raw[:-len(prompt)])
     conversation = [{"role": "user", "content": "Translate to French: the cat sleeps."}]
     assert hinted_prompt(chat, step(conversation), "Say it.") == chat.render(with_hint(conversation, "Say it."), None)
+
+
+def test_a_sample_out_of_memory_alone_is_given_back_then_dropped_as_poison_and_the_trainer_lives(
+        tiny_model_dir, tmp_path, generations, monkeypatch, caplog):
+    """A sample over the token budget trains alone, and on a GPU its pass can run out of memory:
+    the error killed the trainer, the lease came back after its expiry, and the sample killed the
+    next trainer too. The trainer now gives the version's leases back at once, the failing pass's
+    sample charged an attempt; at `pool.max_lease_attempts` the pool drops it as poison, and the
+    others train."""
+    from clawr1.trainer import loop
+
+    config = config_for(tiny_model_dir, tmp_path, "trainer.micro_batch=1", "pool.max_lease_attempts=2")
+    real_prepare = loop.prepare
+
+    def prepare(policy, samples, tc, rl):
+        if any(s.step.step_id == "st-1" for s in samples):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB\nmore detail")
+        return real_prepare(policy, samples, tc, rl)
+
+    monkeypatch.setattr(loop, "prepare", prepare)
+    with SQLitePool(tmp_path, config.pool) as pool, caplog.at_level("WARNING"):
+        fill(pool, generations[:3])
+        trainer = Trainer(config, pool)
+        before = {k: v.clone() for k, v in trainer.policy.named_trainable().items()}
+        assert trainer.run_once() is None and trainer.failed_versions == 1 and trainer.version == 0
+        assert pool.stats()["ready"] == 3  # given back at once, not at the lease's expiry
+        [failure] = [e for e in pool.show("s1", kind="session")["events"] if e["kind"] == "lease_failed"]
+        assert failure["data"]["error"] == "out of memory: CUDA out of memory. Tried to allocate 20.00 GiB"
+        assert not [e for e in pool.show("s0", kind="session")["events"] if e["kind"] == "lease_failed"]
+        assert trainer.run_once() is None and trainer.failed_versions == 2
+        assert pool.stats()["dropped_by_reason"] == {"poison": 1}
+        metrics = trainer.run_once()
+        assert metrics["version"] == 1 and metrics["samples"] == 2 and metrics["failed_versions"] == 2
+        assert pool.stats()["consumed"] == 2
+        assert any(not torch.equal(before[k], v) for k, v in trainer.policy.named_trainable().items())
+        trainer.close()
+    assert "sample st-1 dropped as poison" in caplog.text and "training failed (out of memory" in caplog.text
+
+
+def test_a_non_finite_gradient_skips_the_step_and_publishes_nothing(tiny_model_dir, tmp_path, generations,
+                                                                     monkeypatch, caplog):
+    """A NaN in the gradients made every weight NaN after AdamW's step, and that adapter was
+    published (with the guard off, served) and trained on for good. The step is skipped, counted
+    and logged; the weights stay; the leases go back; the next batch trains as usual."""
+    config = config_for(tiny_model_dir, tmp_path)
+    real_loss = Trainer.loss
+
+    def nan_loss(self, m):
+        loss, stats = real_loss(self, m)
+        return loss * float("nan"), stats
+
+    with SQLitePool(tmp_path, config.pool) as pool, caplog.at_level("WARNING"):
+        fill(pool, generations[:3])
+        trainer = Trainer(config, pool)
+        before = {k: v.clone() for k, v in trainer.policy.named_trainable().items()}
+        with monkeypatch.context() as patch:
+            patch.setattr(Trainer, "loss", nan_loss)
+            assert trainer.run_once() is None
+        assert (trainer.nonfinite_steps, trainer.step_count, trainer.version) == (1, 0, 0)
+        assert all(torch.equal(before[k], v) for k, v in trainer.policy.named_trainable().items())
+        assert adapters.latest(tmp_path / "adapters", ADAPTER) is None and pool.stats()["ready"] == 3
+        assert "gradient norm nan: optimizer step skipped" in caplog.text
+        metrics = trainer.run_once()  # the same samples, a finite gradient: trained
+        assert metrics["version"] == 1 and metrics["nonfinite_steps"] == 1
+        moved = trainer.policy.named_trainable()
+        assert all(torch.isfinite(v).all() for v in moved.values())
+        assert any(not torch.equal(before[k], moved[k]) for k in before)
+        trainer.close()
+
+
+def test_a_checkpoint_loads_onto_the_cpu_from_any_device_and_runs_no_code(tiny_model_dir, tmp_path, generations,
+                                                                           monkeypatch):
+    """The optimizer file was read with `torch.load(weights_only=False)` and no `map_location`:
+    state saved on `cuda:1` failed where one GPU (or none) is visible, and whoever could write the
+    trainer's folder could run code in it. It loads onto the CPU now, as tensors and plain data
+    only; a pickle that would run something is refused."""
+    import pickle
+
+    import torch.serialization
+
+    config = config_for(tiny_model_dir, tmp_path)
+    with SQLitePool(tmp_path, config.pool) as pool:
+        fill(pool, generations[:3])
+        trainer = Trainer(config, pool)
+        with monkeypatch.context() as patch:  # the tensors' storage recorded as on a second GPU
+            patch.setattr(torch.serialization, "location_tag", lambda storage: "cuda:1")
+            assert trainer.run_once()["version"] == 1
+        want = {k: v.clone() for k, v in trainer.policy.named_trainable().items()}
+        trainer.close()
+        resumed = Trainer(config, pool)
+        assert (resumed.step_count, resumed.version) == (1, 1)
+        assert all(torch.equal(want[k], v) for k, v in resumed.policy.named_trainable().items())
+        resumed.close()
+
+        marker = tmp_path / "ran"
+
+        class Payload:
+            def __reduce__(self):
+                return (marker.touch, ())
+
+        path = checkpoint.path_of(tmp_path) / "optimizer.pt"
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        torch.save({**saved, "extra": Payload()}, path)
+        with pytest.raises(pickle.UnpicklingError):
+            Trainer(config, pool)
+        assert not marker.exists()
+
+
+def test_a_version_trained_from_little_that_is_useful_says_so(tiny_model_dir, tmp_path, generations, caplog):
+    """Under `opd`, rewarded samples without a hint carry no signal: a version made mostly of them is
+    counted (`no_signal`, the dashboard's column) and said in the log, not silently published."""
+    config = config_for(tiny_model_dir, tmp_path, 'trainer.method="opd"', "trainer.batch_size=6")
+    with SQLitePool(tmp_path, config.pool) as pool:
+        for i in range(6):
+            add(pool, generations, i, hints=False)
+        pool.add_hint(Hint(step_id="st-0", text="Answer in one short sentence.", source="judge"))
+        trainer = Trainer(config, pool, resume=False)
+        with caplog.at_level("WARNING", logger="clawr1.trainer.loop"):
+            metrics = trainer.run_once()
+    assert metrics["version"] == 1 and (metrics["samples"], metrics["no_signal"]) == (6, 5)
+    assert "1 of 6 samples had a signal" in caplog.text

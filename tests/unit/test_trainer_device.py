@@ -186,5 +186,21 @@ def test_impossible_placements_fail_with_the_fix(tiny_model_dir, tmp_path):
         Policy(tiny_model_dir, quant)
     with pytest.raises(ValueError, match="needs trainer.finetune"):
         config_for(tiny_model_dir, tmp_path, 'trainer.quantize="8bit"', 'trainer.finetune="full"')
-    with pytest.raises(ValueError, match="LoRA on lm_head"):
-        Policy(tiny_model_dir, config_for(tiny_model_dir, tmp_path, 'trainer.lora_targets=["q_proj","lm_head"]').trainer)
+    with pytest.raises(ValueError, match="the LM head and the embeddings take no adapter"):
+        config_for(tiny_model_dir, tmp_path, 'trainer.lora_targets=["q_proj","lm_head"]')
+
+
+def test_auto_dtype_is_float32_on_a_card_without_bfloat16_and_collectives_outlast_the_guard(tiny_model_dir, tmp_path,
+                                                                                            monkeypatch):
+    from clawr1.trainer import policy
+    from clawr1.trainer.ranks import group_timeout
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for supported, expected in ((False, torch.float32), (True, torch.bfloat16)):  # a T4 or V100, then an A100
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True, s=supported: s)
+        assert policy.placement(config_for(tiny_model_dir, tmp_path, 'trainer.device="auto"').trainer)[1] == expected
+    with pytest.raises(ValueError, match="trainer.dtype"):
+        config_for(tiny_model_dir, tmp_path, 'trainer.dtype="float16"')  # no loss scaling: not offered
+    # Rank 0 waits up to guard.decision_timeout_s for a verdict while the others wait in a collective.
+    assert group_timeout(300.0) == 600.0 and group_timeout(3600.0) > 3600.0

@@ -157,3 +157,115 @@ def test_full_finetuning_shards_layers_over_two_ranks_and_checkpoints_interchang
     assert set(moments[0]) == set(moments[1])
     for index, state in moments[0].items():
         assert torch.allclose(state["exp_avg_sq"], moments[1][index]["exp_avg_sq"], atol=1e-7, rtol=1e-4)
+
+
+# ---- ranks in processes of the test's own (`torch.multiprocessing`), each running a few lines ------
+def spawn_ranks(fn, *args) -> None:
+    """`fn(rank, *args)` as two gloo ranks, each in a process of its own (joined into one group by
+    `in_group`); a rank that raises fails the test with its traceback."""
+    import torch.multiprocessing as mp
+
+    from clawr1.trainer.ranks import free_port
+
+    mp.spawn(fn, args=(free_port(), *args), nprocs=2, join=True)
+
+
+def in_group(rank: int, port: int) -> Ranks:
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    return Ranks.from_env("cpu")
+
+
+FULL = ('trainer.finetune="full"', "trainer.lr=1e-3", "trainer.batch_size=5", "trainer.micro_batch=1")
+
+
+def _sharded_step_with_foreach(rank: int, port: int, tiny_model_dir, data_dir, out) -> None:
+    """One version on two sharded ranks, AdamW's `foreach` forced on (its default on CUDA); records
+    whether every decoder layer had given its gathered weights back when the final norm ran."""
+    from torch.distributed.tensor import DTensor
+
+    ranks = in_group(rank, port)
+    with SQLitePool(data_dir, config_for(tiny_model_dir, data_dir).pool) as pool:
+        trainer = Trainer(config_for(tiny_model_dir, data_dir, *SETTINGS, *FULL), pool, ranks=ranks)
+        trainer.optimizer = trainer.new_optimizer(foreach=True)
+        decoder = trainer.policy.causal_lm.get_decoder()
+        resharded = []
+        decoder.norm.register_forward_pre_hook(lambda *_: resharded.append(
+            all(isinstance(p, DTensor) for layer in decoder.layers for p in layer.parameters())))
+        assert trainer.run_once()["version"] == 1
+        trainer.close()
+    torch.save(resharded, out / f"resharded-{rank}.pt")
+    ranks.close()
+
+
+def test_sharded_ranks_step_with_foreach_adamw_and_free_each_layer_after_its_forward(tiny_model_dir, tmp_path,
+                                                                                    generations):
+    """Under FSDP2 the decoder layers' weights are DTensors and the rest plain tensors: AdamW's
+    `foreach` (CUDA's default) refused the mix ("mixed torch.Tensor and DTensor"). And each layer,
+    an FSDP root, kept its gathered weights until its backward, so all were whole at once. Two
+    gloo ranks with `foreach=True` take the step one process takes, and every layer is sharded
+    again by the time the final norm runs."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    for data_dir in (one, two):
+        with SQLitePool(data_dir, config_for(tiny_model_dir, data_dir).pool) as pool:
+            fill(pool, generations[:5])
+    with SQLitePool(one, config_for(tiny_model_dir, one).pool) as pool:
+        trainer = Trainer(config_for(tiny_model_dir, one, *SETTINGS, *FULL), pool)
+        before = {n: p.detach().clone() for n, p in trainer.policy.named_trainable().items()}
+        assert trainer.run_once()["version"] == 1
+    spawn_ranks(_sharded_step_with_foreach, tiny_model_dir, two, tmp_path)
+    got, want = published(two, 1, full=True), published(one, 1, full=True)
+    assert set(got) == set(want) and set(before) <= set(want)
+    for name, tensor in want.items():
+        assert torch.allclose(got[name], tensor, atol=1e-5), name
+    assert all(not torch.equal(want[n], before[n]) for n in before)  # every weight moved
+    for rank in (0, 1):
+        resharded = torch.load(tmp_path / f"resharded-{rank}.pt")
+        assert resharded and all(resharded), resharded  # one pass a micro-batch (and empty passes): all sharded
+
+
+def _resume_on_own_disks(rank: int, port: int, tiny_model_dir, data_dirs, out) -> None:
+    """Rank r resumes with `data_dirs[r]` as its data dir (rank 1's is empty: another host without
+    a shared disk), then goes back to the incumbent's state; records what it holds."""
+    ranks = in_group(rank, port)
+    data_dir = data_dirs[rank]
+    config = config_for(tiny_model_dir, data_dir, "guard.enabled=true")
+    with SQLitePool(data_dir, config.pool) as pool:
+        trainer = Trainer(config, pool, ranks=ranks)
+        resumed = {k: v.detach().clone() for k, v in trainer.policy.named_trainable().items()}
+        counters = (trainer.step_count, trainer.version, trainer.promoted)
+        with torch.no_grad():  # drift away, then back to the promoted state (a rejection's undo)
+            for param in trainer.policy.parameters():
+                param.add_(1.0)
+        trainer.restore_promoted()
+        restored = {k: v.detach().clone() for k, v in trainer.policy.named_trainable().items()}
+        trainer.close()
+    torch.save({"resumed": resumed, "restored": restored, "counters": counters}, out / f"held-{rank}.pt")
+    ranks.close()
+
+
+def test_lora_ranks_take_rank_0s_checkpoint_and_promoted_state_without_a_shared_disk(tiny_model_dir, tmp_path,
+                                                                                      generations):
+    """Only rank 0 writes the checkpoint and the promoted state, but every rank read them from its
+    own disk: a rank on another host started from the initial LoRA at version 0 and silently
+    trained a different model (and a rejection's undo raised there). Rank 0 reads; the others
+    receive what it read."""
+    lead, other = tmp_path / "lead", tmp_path / "other"
+    config = config_for(tiny_model_dir, lead)
+    with SQLitePool(lead, config.pool) as pool:
+        fill(pool, generations[:6])
+        trainer = Trainer(config, pool)
+        assert [trainer.run_once()["version"] for _ in range(2)] == [1, 2]
+        want = {k: v.detach().clone() for k, v in trainer.policy.named_trainable().items()}
+        trainer.close()
+    spawn_ranks(_resume_on_own_disks, tiny_model_dir, [lead, other], tmp_path)
+    assert not (other / "trainer").exists()  # rank 1 wrote nothing: its disk stayed empty
+    counters = []
+    for rank in (0, 1):
+        held = torch.load(tmp_path / f"held-{rank}.pt")
+        counters.append(held["counters"])  # (step, version, promoted)
+        assert held["counters"][:2] == (2, 2), rank
+        for key in ("resumed", "restored"):
+            assert set(held[key]) == set(want)
+            assert all(torch.equal(held[key][n], want[n]) for n in want), (rank, key)
+    assert counters[0] == counters[1]

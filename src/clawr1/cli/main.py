@@ -77,7 +77,11 @@ def cmd_chat(args: argparse.Namespace, config: Config) -> int:
         try:
             messages = ([{"role": "system", "content": args.system}] if args.system else [])
             messages.append({"role": "user", "content": args.prompt})
-            sampling = SamplingParams(max_tokens=args.max_tokens or config.engine.default_max_tokens, temperature=args.temperature, seed=args.seed)
+            e = config.engine  # unset: the model's recommended sampling, as the gateway serves it
+            chosen = engine.sampling_defaults.overridden(e.temperature, e.top_p, e.top_k).overridden(args.temperature,
+                                                                                                  None, None)
+            sampling = SamplingParams(max_tokens=args.max_tokens or config.engine.default_max_tokens, seed=args.seed,
+                                      temperature=chosen.temperature, top_p=chosen.top_p, top_k=chosen.top_k)
             stream = engine.generate(engine.render(messages), sampling)
             async for event in stream:
                 console.out(event.text, end="", highlight=False)
@@ -336,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prompt")
     p.add_argument("--system", help="a system message")
     p.add_argument("--max-tokens", type=int, help="default: engine.default_max_tokens")
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=float, help="default: the model's recommended one (engine.temperature)")
     p.add_argument("--seed", type=int)
     p.set_defaults(fn=cmd_chat)
 
@@ -387,7 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preferences", help="the users' preferences, comma-separated (default short,no-bold,no-steps; "
                    "also no-exclamation, no-first-person, by-name)")
     p.add_argument("--max-tokens", type=int, help="reply length cap the users set (default 64)")
-    p.add_argument("--temperature", type=float, help="sampling temperature the users set (default 0.7)")
+    p.add_argument("--temperature", type=float, help="sampling temperature the users set (default: none, as "
+                   "stock clients: the model's recommended sampling applies)")
     p.add_argument("--seed", type=int, help="seeds users and evaluation (default 0)")
     p.add_argument("--max-minutes", type=float, help="stop talking after this long (default 14)")
     p.add_argument("--eval-questions", type=int, help="held-out questions per preference, before and after (default 8)")
@@ -476,7 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmarks that print side-by-side ratios")
     _common(p)
-    p.add_argument("what", choices=["engine", "pool", "gateway", "judge", "judge-tools", "trainer", "swap", "latency", "scale",
+    p.add_argument("what", choices=["engine", "pool", "gateway", "judge", "judge-tools", "trainer", "swap", "latency", "scale", "models",
                                       "crash"])
     p.add_argument("--max-tokens", type=int, default=64, help="engine: tokens per request")
     p.add_argument("--steps", type=int, default=20_000, help="pool: steps to write")

@@ -131,11 +131,11 @@ class TrainerWorker:
     def join(self, host: str, port: int) -> int:
         """Form the group with the other ranks (every rank's `join` runs at once), then load the
         policy. Each actor sees only the GPUs Ray gave it, so its rank's device is `cuda:0`."""
-        from clawr1.trainer.ranks import Ranks
+        from clawr1.trainer.ranks import Ranks, group_timeout
 
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world), LOCAL_RANK="0", MASTER_ADDR=host,
                           MASTER_PORT=str(port))
-        self.ranks = Ranks.from_env(self.config.trainer.device)
+        self.ranks = Ranks.from_env(self.config.trainer.device, group_timeout(self.config.guard.decision_timeout_s))
         self._build()
         return self.rank
 

@@ -55,6 +55,8 @@ class Step:
     adapter: str | None
     finish_reason: str
     temperature: float
+    top_p: float = 1.0  # with `top_k`: how the sampling distribution was cut (`engine/sampling.py`)
+    top_k: int = 0
     created_at: float = field(default_factory=time.time)
     timings: dict[str, float] = field(default_factory=dict)
     next_state: list[dict[str, Any]] | None = None

@@ -73,9 +73,10 @@ class SamplingParams:
     """How to sample one completion. Validated on construction.
 
     `temperature == 0` is greedy decoding; returned logprobs are then those of the unscaled
-    distribution (temperature 1). Otherwise logprobs are of the temperature-scaled distribution,
-    the one actually sampled from; `top_p` truncation is not folded into them, so `score` with the
-    same temperature reproduces them exactly.
+    distribution (temperature 1). Otherwise logprobs are of the distribution actually sampled
+    from: temperature-scaled, cut to the `top_k` most likely tokens (0: all) and then to the `top_p`
+    nucleus, renormalised (`engine/sampling.py`), so `score` with the same settings reproduces
+    them exactly and the trainer's importance ratio compares like with like.
     """
 
     max_tokens: int = 256
@@ -83,6 +84,7 @@ class SamplingParams:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    top_k: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
@@ -91,6 +93,8 @@ class SamplingParams:
             raise InvalidRequestError(f"temperature must be in [0, 2], got {self.temperature}", "temperature")
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
+        if not isinstance(self.top_k, int) or not 0 <= self.top_k <= 1_000_000:
+            raise InvalidRequestError(f"top_k must be an integer in [0, 1000000] (0: off), got {self.top_k!r}", "top_k")
         if len(self.stop) > 4 or any(not s or len(s) > MAX_STOP_CHARS for s in self.stop):
             # Long ones are refused: text that could begin one is held back and re-checked each token.
             raise InvalidRequestError(f"stop takes at most 4 non-empty strings of at most {MAX_STOP_CHARS} characters",
@@ -100,6 +104,26 @@ class SamplingParams:
     def scoring_temperature(self) -> float:
         """The temperature `score` must use to reproduce this sample's logprobs."""
         return self.temperature if self.temperature > 0 else 1.0
+
+    @property
+    def scoring_cut(self) -> tuple[int, float]:
+        """The (top_k, top_p) `score` must use to reproduce this sample's logprobs: none for greedy."""
+        return (self.top_k, self.top_p) if self.temperature > 0 else (0, 1.0)
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """What a request that names no sampling settings gets: the model's recommended ones (its
+    `generation_config.json`, as vLLM applies them), or the config's (`engine.temperature` ...)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def overridden(self, temperature: float | None, top_p: float | None, top_k: int | None) -> SamplingDefaults:
+        """These defaults with each setting that is not None in its place (config over the model's)."""
+        return SamplingDefaults(self.temperature if temperature is None else temperature,
+                                self.top_p if top_p is None else top_p, self.top_k if top_k is None else top_k)
 
 
 @dataclass(frozen=True)
@@ -148,6 +172,8 @@ class Generation:
     version: int = 0
     stop_match: str | None = None
     temperature: float = 1.0
+    top_p: float = 1.0  # with `top_k`, the cut of the distribution the logprobs are of (see SamplingParams)
+    top_k: int = 0
 
     @property
     def content(self) -> str:

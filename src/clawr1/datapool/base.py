@@ -72,8 +72,9 @@ class PoolQueue(ABC):
 
     A main-turn step becomes a sample (PENDING); a non-zero reward (or `mark_ready`) makes it
     READY; `lease` hands READY samples to a trainer (LEASED); `ack` consumes them (CONSUMED); an
-    expired lease returns them to READY. Samples beyond the staleness bound, or the masked last
-    turn of a session closed without an outcome, are DROPPED with the reason recorded. Side turns
+    expired lease returns them to READY. Samples beyond the staleness bound, the masked last
+    turn of a session closed without an outcome, and a sample whose training failed
+    `pool.max_lease_attempts` times (`poison`) are DROPPED with the reason recorded. Side turns
     are stored but never become samples.
     """
 
@@ -223,8 +224,17 @@ class PoolQueue(ABC):
         late ack consumes those of its samples that were not leased again meanwhile."""
 
     @abstractmethod
+    def release(self, lease: Lease | str, failed: dict[str, str] | None = None) -> int:
+        """Give an open lease back now, unacknowledged (the trainer could not train it): its
+        samples return to READY. `failed`: step id -> why its training failed (out of memory, a
+        non-finite gradient); each counts against the sample's `pool.max_lease_attempts`, as an
+        expiry does for every sample of the lease, and the last attempt drops it as `poison`.
+        Returns how many samples went back to READY (0 for a lease acknowledged or expired)."""
+
+    @abstractmethod
     def expire_leases(self) -> int:
-        """Return the samples of every expired, unacknowledged lease to READY; returns how many."""
+        """Return the samples of every expired, unacknowledged lease to READY, each counting a failed
+        attempt (see `release`); returns how many went back to READY."""
 
     # -- reading -------------------------------------------------------------------------------
 

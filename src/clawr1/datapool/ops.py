@@ -13,9 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from clawr1.core.config import PoolConfig
-from clawr1.core.records import Hint, Lease, Reward, Sample, SessionEvent
-from clawr1.datapool.base import UnknownLeaseError, UnknownSessionError, UnknownStepError
+from clawr1.core.records import Hint, Reward, SessionEvent
+from clawr1.datapool.base import UnknownSessionError, UnknownStepError
 from clawr1.datapool.schema import INSERT_STEP, STEP_COLUMNS, dumps, row_bytes, shard_key
 
 # A batch of steps is stored with as few statements as SQLite's parameter limit allows, and what is
@@ -427,77 +426,6 @@ def add_feedback(conn: sqlite3.Connection, tenant: str, session_id: str | None, 
             if not score:  # no reward (or zero), but a correction: a distillation sample, as the judge's
                 mark_ready(conn, step_id, unmask=True)
     return step_ids
-
-
-def expire_leases(conn: sqlite3.Connection, now: float) -> int:
-    """Expired leases' samples go back to READY; they keep the lease id so a late ack still
-    consumes the ones nobody leased again."""
-    expired = "SELECT lease_id FROM leases WHERE state = 'open' AND expires_at <= ?1"
-    back = [tuple(row) for row in conn.execute(f"SELECT step_id, reward FROM samples WHERE status = 'leased' "
-                                               f"AND lease_id IN ({expired})", (now,))]
-    returned = conn.execute("UPDATE samples SET status = 'ready', updated_at = ?1 "
-                            f"WHERE status = 'leased' AND lease_id IN ({expired})", (now,)).rowcount
-    conn.execute(f"UPDATE leases SET state = 'expired', closed_at = ?1 WHERE lease_id IN ({expired})", (now,))
-    # A reward that came while the sample was leased was kept as history only; nothing was trained
-    # on it after all, so the one that should stand (a person's feedback over the judge) applies now.
-    for step_id, reward in back:
-        score = _effective_score(conn, step_id)
-        if score is not None and score != reward:
-            _apply(conn, step_id, score)
-    return returned
-
-
-_PICK = """SELECT step_id, policy_version, weight, reward, reason FROM samples
-WHERE status = 'ready' AND policy_version {cmp} ? AND tenant = coalesce(?, tenant)
-ORDER BY policy_version DESC, ready_at LIMIT ?{lock}"""
-
-
-def lease(conn: sqlite3.Connection, lease_id: str, n: int, max_staleness: int, current_version: int,
-          config: PoolConfig, tenant: str | None = None) -> Lease:
-    now = clock()
-    expire_leases(conn, now)
-    floor = current_version - max_staleness
-    # Staleness is measured against the version of the adapter being trained: with per-tenant
-    # adapters, only that tenant's samples (its own version line).
-    if config.stale_policy == "drop":
-        conn.execute("UPDATE samples SET status = 'dropped', reason = 'stale', updated_at = ? "
-                     "WHERE status = 'ready' AND policy_version < ? AND tenant = coalesce(?, tenant)",
-                     (now, floor, tenant))
-    else:
-        conn.execute("UPDATE samples SET weight = ?, reason = 'stale', updated_at = ? "
-                     "WHERE status = 'ready' AND policy_version < ? AND coalesce(reason, '') <> 'stale' "
-                     "AND tenant = coalesce(?, tenant)", (config.stale_weight, now, floor, tenant))
-    # Several trainers on one PostgreSQL pool: each takes rows no other open lease is taking.
-    lock = "" if isinstance(conn, sqlite3.Connection) else " FOR UPDATE SKIP LOCKED"
-    fresh = conn.execute(_PICK.format(cmp=">=", lock=lock), (current_version, tenant, n)).fetchall()
-    older = conn.execute(_PICK.format(cmp="<", lock=lock), (current_version, tenant, n)).fetchall()
-    # Aim for the configured share of fresh samples; either kind fills in when the other is short.
-    take_fresh = min(len(fresh), max(round(n * config.fresh_fraction), n - len(older)))
-    chosen = fresh[:take_fresh] + older[:n - take_fresh]
-    if not chosen:
-        return Lease(lease_id=lease_id, step_ids=(), expires_at=now + config.lease_seconds)
-    expires_at = now + config.lease_seconds
-    conn.executemany("UPDATE samples SET status = 'leased', lease_id = ?, updated_at = ? WHERE step_id = ?",
-                     [(lease_id, now, row[0]) for row in chosen])
-    conn.execute("INSERT INTO leases (lease_id, state, n, created_at, expires_at) VALUES (?, 'open', ?, ?, ?)",
-                 (lease_id, len(chosen), now, expires_at))
-    samples = tuple(Sample(step_id=r[0], policy_version=r[1], status="leased", weight=r[2], reward=r[3], reason=r[4])
-                    for r in chosen)
-    return Lease(lease_id=lease_id, step_ids=tuple(s.step_id for s in samples), expires_at=expires_at, samples=samples)
-
-
-def ack(conn: sqlite3.Connection, lease_id: str) -> int:
-    now = clock()
-    expire_leases(conn, now)
-    row = conn.execute("SELECT state FROM leases WHERE lease_id = ?", (lease_id,)).fetchone()
-    if row is None:
-        raise UnknownLeaseError(lease_id)
-    if row[0] == "acked":
-        return 0  # a double ack is harmless
-    consumed = conn.execute("UPDATE samples SET status = 'consumed', updated_at = ? WHERE lease_id = ? "
-                            "AND status IN ('leased', 'ready')", (now, lease_id)).rowcount
-    conn.execute("UPDATE leases SET state = 'acked', closed_at = ? WHERE lease_id = ?", (now, lease_id))
-    return consumed
 
 
 def hold_out(conn: sqlite3.Connection, tenant: str | None, n: int) -> list[str]:

@@ -10,7 +10,8 @@ session's next main turn, whose messages after the last assistant reply are that
 
 Schema versions: v2 added the judge's bookkeeping to samples (shard key, failed attempts, the
 give-up); v3 the guard's decision log (`policy_versions`); v4 each tenant's stored bytes
-(`tenant_usage`, counted from the steps an older file holds when it is opened). An older file gets the columns it lacks (`ADDED_COLUMNS`) when it is opened; a newer one
+(`tenant_usage`, counted from the steps an older file holds when it is opened) and each step's
+sampling cut (`top_p`, `top_k`: older steps were sampled uncut, the defaults). An older file gets the columns it lacks (`ADDED_COLUMNS`) when it is opened; a newer one
 is refused.
 """
 
@@ -40,6 +41,8 @@ CREATE TABLE IF NOT EXISTS steps (
     adapter TEXT,
     finish_reason TEXT NOT NULL,
     temperature REAL NOT NULL,
+    top_p REAL NOT NULL DEFAULT 1.0,
+    top_k INTEGER NOT NULL DEFAULT 0,
     created_at REAL NOT NULL,
     messages TEXT NOT NULL,
     tools TEXT,
@@ -171,7 +174,7 @@ CREATE TABLE IF NOT EXISTS tenant_usage (
 """
 
 STEP_COLUMNS = ("step_id", "tenant", "session_id", "prompt_id", "turn_index", "turn_type", "policy_version",
-                "adapter", "finish_reason", "temperature", "created_at", "messages", "tools", "text",
+                "adapter", "finish_reason", "temperature", "top_p", "top_k", "created_at", "messages", "tools", "text",
                 "prompt_ids", "token_ids", "logprobs", "timings")
 INSERT_STEP = f"INSERT INTO steps ({', '.join(STEP_COLUMNS)}) VALUES"  # + one (?, ...) group per row
 
@@ -179,6 +182,8 @@ INSERT_STEP = f"INSERT INTO steps ({', '.join(STEP_COLUMNS)}) VALUES"  # + one (
 # Columns added to a table after it first shipped, in SQLite's spelling: an older pool gets them
 # before the schema script runs (its indexes may use them). A table it lacks is created whole.
 ADDED_COLUMNS = (
+    ("steps", "top_p", "REAL NOT NULL DEFAULT 1.0"),
+    ("steps", "top_k", "INTEGER NOT NULL DEFAULT 0"),
     ("sessions", "key_hash", "TEXT"),
     ("samples", "shard_key", "INTEGER NOT NULL DEFAULT 0"),
     ("samples", "judge_attempts", "INTEGER NOT NULL DEFAULT 0"),
@@ -325,7 +330,7 @@ def next_state_of(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def step_row(step: Step) -> tuple:
     """The INSERT parameters for a step (encoded in the caller's thread, off the writer's)."""
     return (step.step_id, step.tenant, step.session_id, step.prompt_id, step.turn_index, step.turn_type,
-            step.policy_version, step.adapter, step.finish_reason, step.temperature, step.created_at,
+            step.policy_version, step.adapter, step.finish_reason, step.temperature, step.top_p, step.top_k, step.created_at,
             dumps(step.messages), None if step.tools is None else dumps(step.tools), step.text,
             pack_ints(step.prompt_ids), pack_ints(step.token_ids), pack_floats(step.logprobs), dumps(step.timings))
 
@@ -340,6 +345,7 @@ def row_step(row: sqlite3.Row, next_messages: str | None = None) -> Step:
         prompt_ids=_unpack("i", row["prompt_ids"]), token_ids=_unpack("i", row["token_ids"]),
         logprobs=_unpack("d", row["logprobs"]), text=row["text"], policy_version=row["policy_version"],
         adapter=row["adapter"], finish_reason=row["finish_reason"], temperature=row["temperature"],
+        top_p=row["top_p"], top_k=row["top_k"],
         created_at=row["created_at"], timings=json.loads(row["timings"]),
         next_state=None if next_messages is None else next_state_of(json.loads(next_messages)),
     )

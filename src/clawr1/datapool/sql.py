@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from clawr1.core.config import PoolConfig
 from clawr1.core.records import DEFAULT_TENANT, Hint, Lease, Reward, Step
-from clawr1.datapool import ops, queries
+from clawr1.datapool import leases, ops, queries
 from clawr1.datapool.base import DataPool, ExportFilter, ExportFormat
 from clawr1.datapool.schema import step_row
 from clawr1.datapool.writer import GroupCommitWriter, run_each
@@ -154,7 +154,7 @@ class SQLPool(DataPool):
         staleness = self.config.max_staleness if max_staleness is None else max_staleness
         if staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {staleness}")
-        return self._writer.run(partial(ops.lease, lease_id=uuid.uuid4().hex, n=n, max_staleness=staleness,
+        return self._writer.run(partial(leases.lease, lease_id=uuid.uuid4().hex, n=n, max_staleness=staleness,
                                         current_version=current_version, config=self.config, tenant=tenant))
 
     def ack(self, lease: Lease | str) -> int:
@@ -162,10 +162,18 @@ class SQLPool(DataPool):
             if not lease.step_ids:
                 return 0  # an empty lease was never recorded
             lease = lease.lease_id
-        return self._writer.run(partial(ops.ack, lease_id=lease))
+        return self._writer.run(partial(leases.ack, lease_id=lease, max_attempts=self.config.max_lease_attempts))
+
+    def release(self, lease: Lease | str, failed: dict[str, str] | None = None) -> int:
+        if isinstance(lease, Lease):
+            if not lease.step_ids:
+                return 0  # an empty lease was never recorded
+            lease = lease.lease_id
+        return self._writer.run(partial(leases.release, lease_id=lease, failed=dict(failed or {}),
+                                        max_attempts=self.config.max_lease_attempts))
 
     def expire_leases(self) -> int:
-        return self._writer.run(lambda conn: ops.expire_leases(conn, ops.clock()))
+        return self._writer.run(lambda conn: leases.expire_leases(conn, ops.clock(), self.config.max_lease_attempts))
 
     # -- reading -------------------------------------------------------------------------------
 

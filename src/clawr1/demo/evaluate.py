@@ -115,7 +115,12 @@ class EvalResult:
                 "replies": [asdict(r) for r in self.served], "base_replies": [asdict(r) for r in self.base]}
 
 
-async def evaluate(client: Any, users: list[SimulatedUser], *, max_tokens: int, temperature: float,
+def sampled(temperature: float | None) -> dict[str, float]:
+    """A client's sampling fields: none at all when it sets none (the gateway then applies the model's)."""
+    return {} if temperature is None else {"temperature": temperature}
+
+
+async def evaluate(client: Any, users: list[SimulatedUser], *, max_tokens: int, temperature: float | None,
                    questions: Sequence[str] = HELD_OUT, concurrency: int = 8, seed: int = 0,
                    reference: EvalResult | None = None) -> EvalResult:
     """Ask every held-out question once per user of the served version and of the base, and
@@ -161,7 +166,7 @@ async def _measure(client: Any, replies: list[EvalReply],
     return measured, answer["calibration"]
 
 
-async def _ask(client: Any, pairs: list[tuple[SimulatedUser, str]], max_tokens: int, temperature: float, seed: int,
+async def _ask(client: Any, pairs: list[tuple[SimulatedUser, str]], max_tokens: int, temperature: float | None, seed: int,
                concurrency: int, *, base: bool) -> list[EvalReply]:
     gate = asyncio.Semaphore(concurrency)
     headers = {"X-Turn-Type": "side"} | ({"X-Policy-Version": "0"} if base else {})
@@ -169,7 +174,7 @@ async def _ask(client: Any, pairs: list[tuple[SimulatedUser, str]], max_tokens: 
     async def one(i: int, user: SimulatedUser, question: str) -> EvalReply:
         async with gate:
             response = await client.chat.completions.create(
-                model="clawr1", max_tokens=max_tokens, temperature=temperature, seed=seed * 10_000 + i,
+                model="clawr1", max_tokens=max_tokens, seed=seed * 10_000 + i, **sampled(temperature),
                 messages=[{"role": "system", "content": user.system}, {"role": "user", "content": question}],
                 extra_headers=headers)
         choice = response.choices[0]

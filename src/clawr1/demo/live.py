@@ -17,7 +17,7 @@ from typing import Any
 
 from rich.table import Table
 
-from clawr1.demo.evaluate import quality
+from clawr1.demo.evaluate import quality, sampled
 from clawr1.demo.users import SimulatedUser
 
 
@@ -79,14 +79,14 @@ class QualityTracker:
             self.board.add_quality(version, row["sane"])
 
 
-async def talk(user: SimulatedUser, client: Any, board: Scoreboard, turns: int, max_tokens: int, temperature: float,
-               done: asyncio.Event) -> None:
+async def talk(user: SimulatedUser, client: Any, board: Scoreboard, turns: int, max_tokens: int,
+               temperature: float | None, done: asyncio.Event) -> None:
     """One user's conversations, back to back, until `done`. Plain OpenAI requests, no headers."""
     while not done.is_set():
         messages = [{"role": "system", "content": user.system}, {"role": "user", "content": user.first_message()}]
         for _ in range(turns):
             response = await client.chat.completions.create(model="clawr1", messages=messages, max_tokens=max_tokens,
-                                                            temperature=temperature)
+                                                            **sampled(temperature))
             choice = response.choices[0]
             text = choice.message.content or ""
             kept, said = user.react(text, choice.finish_reason == "stop")

@@ -64,8 +64,9 @@ class DemoSettings(BaseModel):
     """LoRA learning rate; None: the product default (`trainer.lr`)."""
     max_tokens: int = Field(64, ge=8, le=4096)
     """Reply length cap the users' client sets (a truncated reply keeps no preference)."""
-    temperature: float = Field(0.7, ge=0, le=2)
-    """Sampling temperature the users' client sets."""
+    temperature: float | None = Field(None, ge=0, le=2)
+    """Sampling temperature the users' client sets; None: it sends none, as stock clients (the OpenAI
+    SDKs, OpenClaw) do, and the model's recommended sampling applies (Qwen2.5: 0.7, top_p 0.8, top_k 20)."""
     seed: int = Field(0, ge=0)
     """Seeds the users (questions, phrasings) and the evaluation's sampling."""
     max_minutes: float = Field(14.0, gt=0, le=24 * 60)

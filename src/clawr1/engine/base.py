@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from clawr1.core.types import Generation, ParsedCompletion, SamplingParams, TokenEvent
+from clawr1.core.types import Generation, ParsedCompletion, SamplingDefaults, SamplingParams, TokenEvent
 
 
 class GenerationStream(Protocol):
@@ -29,14 +29,19 @@ class GenerationStream(Protocol):
 class Engine(Protocol):
     max_context: int
     tokenizer: Any  # a Hugging Face tokenizer: per-token text for logprobs
+    sampling_defaults: SamplingDefaults  # the model's recommended sampling (its generation config)
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]: ...
-    def parse(self, text: str) -> ParsedCompletion: ...
+    def parse(self, text: str, tools: list[dict[str, Any]] | None = None) -> ParsedCompletion:
+        """A reply's content and tool calls (`tools`: the request's offered ones: `engine/chat.py`)."""
     def generate(self, prompt_ids: list[int], sampling: SamplingParams, adapter: str | None = None,
                  affinity: str | None = None) -> GenerationStream:
         """Start a generation (bad input raises here). `affinity`: requests with the same key (a
         session) should go where its prefix is cached; one engine has one place, replicas route by it."""
-    async def score(self, prompt_ids: list[int], completion_ids: list[int], adapter: str | None = None, temperature: float = 1.0) -> list[float]: ...
+    async def score(self, prompt_ids: list[int], completion_ids: list[int], adapter: str | None = None,
+                    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> list[float]:
+        """Teacher-forced logprobs of the completion under the sampling distribution of these
+        settings, each completion token kept in it (`engine/sampling.py`)."""
     async def load_adapter(self, name: str, path: Path) -> int: ...
     async def unload_adapter(self, name: str) -> None: ...
     def adapters(self) -> dict[str, int]: ...

@@ -154,25 +154,3 @@ class KVBatch:
         mask = self.mask[index]
         start = int((mask.sum(dim=0) > 0).nonzero()[0])
         self.cache, self.mask = rebuild(self.cache, index, start), mask[:, start:]
-
-
-def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> tuple[int, float]:
-    """Sample one token from a row of logits; return it with its logprob.
-
-    The logprob is under the temperature-scaled distribution (temperature 1 for greedy), the same
-    one `score` computes, so importance ratios compare like with like. top_p only restricts which
-    tokens may be drawn.
-    """
-    if temperature == 0:
-        logp = torch.log_softmax(logits, dim=-1)
-        token = int(torch.argmax(logp))
-        return token, float(logp[token])
-    logp = torch.log_softmax(logits / temperature, dim=-1)
-    probs = logp.exp()
-    if top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= top_p
-        sorted_probs[outside] = 0.0
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-    token = int(torch.multinomial(probs, 1, generator=generator))
-    return token, float(logp[token])

@@ -10,11 +10,18 @@ from, `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` for `/v1/load_lora_adapter`), and 
 once they serve. `engine.server_python` names the Python that has the server installed (often
 its own venv), `engine.server_args` adds arguments (`--gpu-memory-utilization 0.5` to share a
 GPU with the trainer).
+
+The server answers only to a random key made for each start, which `up` hands the remote engine
+(`engine.api_key`): on a host with other users, an unkeyed server on loopback would let any of
+them sample unrecorded or load adapters of their own into what the gateway serves. vLLM reads
+it from its environment (`VLLM_API_KEY`: not on the command line, which every local user can read
+in `ps`); SGLang takes `--api-key` only, so on a shared host its key is visible there.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -30,8 +37,8 @@ from clawr1.core.types import EngineFailure
 SERVED_NAME = "clawr1"  # the base model's name on a server we start
 
 
-def command(config: Config, model: Path, port: int) -> tuple[list[str], dict[str, str]]:
-    """The server's command line and the environment it adds."""
+def command(config: Config, model: Path, port: int, key: str) -> tuple[list[str], dict[str, str]]:
+    """The server's command line and the environment it adds; `key`: the one it answers to."""
     e, python = config.engine, config.engine.server_python or sys.executable
     rank, dtype = str(config.trainer.lora_rank), e.dtype
     if e.backend == "vllm":
@@ -39,11 +46,11 @@ def command(config: Config, model: Path, port: int) -> tuple[list[str], dict[str
                "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
                "--enable-lora", "--max-lora-rank", rank, "--max-loras", "4",
                "--logprobs-mode", "processed_logprobs"]
-        env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+        env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_API_KEY": key}
     elif e.backend == "sglang":
         cmd = [python, "-m", "sglang.launch_server", "--model-path", str(model), "--host", "127.0.0.1",
                "--port", str(port), "--dtype", dtype, "--enable-lora", "--max-lora-rank", rank,
-               "--lora-target-modules", "all", "--max-loras-per-batch", "4"]
+               "--lora-target-modules", "all", "--max-loras-per-batch", "4", "--api-key", key]
         env = {}
     else:
         raise ValueError(f"engine.backend = {e.backend!r} has no server to start")
@@ -58,6 +65,7 @@ class InferenceServer:
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self.url = ""
+        self.key = secrets.token_urlsafe(32)  # the only key it answers to (`engine.api_key` for the gateway)
 
     def start(self) -> str:
         """Start it and wait until `/health` answers; its base URL. EngineFailure, with the tail of
@@ -65,7 +73,7 @@ class InferenceServer:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        cmd, env = command(self.config, self.model, port)
+        cmd, env = command(self.config, self.model, port, self.key)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **env},
@@ -78,7 +86,8 @@ class InferenceServer:
                 raise EngineFailure(f"the {self.config.engine.backend} server exited with code "
                                     f"{self.proc.returncode} while starting; {self.tail()}")
             try:
-                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                if httpx.get(f"{self.url}/health", timeout=2.0,
+                             headers={"Authorization": f"Bearer {self.key}"}).status_code == 200:
                     return self.url
             except httpx.TransportError:
                 pass  # not listening yet

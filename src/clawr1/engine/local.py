@@ -47,10 +47,11 @@ from clawr1.core.types import (
     UnknownAdapterError,
 )
 from clawr1.engine import adapters as store
-from clawr1.engine.batch import KVBatch, sample
-from clawr1.engine.frontend import Frontend
+from clawr1.engine.batch import KVBatch
+from clawr1.engine.frontend import Frontend, model_json
 from clawr1.engine.prefix import PrefixCache
 from clawr1.engine.requests import LocalStream, Prefill, Request, Rewarm
+from clawr1.engine.sampling import processed_logprobs, sample
 from clawr1.engine.slots import AdapterSlots, Read
 from clawr1.engine.text import Advance
 from clawr1.engine.tokenizer import load_tokenizer
@@ -64,10 +65,14 @@ EXIT_JOIN_S = 60.0  # at interpreter exit, the longest wait for the step in prog
 class LocalEngine(Frontend):
     """Serves one HF causal LM on this machine. Build with `LocalEngine.load(path, config)`."""
 
-    def __init__(self, model: Any, tokenizer: Any, config: EngineConfig):
+    def __init__(self, model: Any, tokenizer: Any, config: EngineConfig, generation: dict[str, Any] | None = None):
+        """`generation`: the model directory's `generation_config.json` (end-of-turn ids, the
+        recommended sampling); without it, the loaded model's end-of-turn ids and no sampling advice."""
         self.config = config
+        if generation is None:
+            generation = {"eos_token_id": getattr(model.generation_config, "eos_token_id", None)}
         self.hold(tokenizer, config.max_context or int(getattr(model.config, "max_position_embeddings", 2048)),
-                  getattr(model.generation_config, "eos_token_id", None))
+                  generation)
         self._base = model.eval()
         self._slots = AdapterSlots(self._base)
         self._adapters: dict[str, tuple[str, int]] = {}  # name -> (peft key, version)
@@ -97,7 +102,9 @@ class LocalEngine(Frontend):
             torch.set_num_threads(config.threads)
         tokenizer = load_tokenizer(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[config.dtype]).to(config.device)
-        return cls(model, tokenizer, config)
+        generation = {"eos_token_id": getattr(model.generation_config, "eos_token_id", None),
+                      **model_json(Path(path), "generation_config.json")}
+        return cls(model, tokenizer, config, generation)
 
     # ---- the contract (render and parse: `Frontend`) ---------------------------------------
     def generate(self, prompt_ids: list[int], sampling: SamplingParams, adapter: str | None = None,
@@ -115,7 +122,8 @@ class LocalEngine(Frontend):
         request = Request(
             prompt_ids=list(prompt_ids), sampling=sampling, key=key,
             gen=Generation(prompt_ids=list(prompt_ids), adapter=adapter, version=version,
-                           temperature=sampling.scoring_temperature),
+                           temperature=sampling.scoring_temperature, top_k=sampling.scoring_cut[0],
+                           top_p=sampling.scoring_cut[1]),
             loop=loop, out=asyncio.Queue(), generator=torch.Generator().manual_seed(seed),
             advance=Advance(self.tokenizer, self.eos_ids, sampling.stop, min(sampling.max_tokens, room)),
         )
@@ -125,8 +133,11 @@ class LocalEngine(Frontend):
         return LocalStream(request)
 
     async def score(self, prompt_ids: list[int], completion_ids: list[int], adapter: str | None = None,
-                    temperature: float = 1.0) -> list[float]:
-        """Teacher-forced logprob of each completion token given the prompt (and what precedes it)."""
+                    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> list[float]:
+        """Teacher-forced logprob of each completion token given the prompt (and what precedes it),
+        under the distribution `temperature`, `top_k` and `top_p` sample from (`engine/sampling.py`),
+        with each completion token kept in it: a token the settings would have cut is scored, not
+        impossible. A sample's own settings reproduce its logprobs exactly."""
         self._check_prompt(prompt_ids)
         if not completion_ids:
             raise InvalidRequestError("completion_ids must not be empty", "completion_ids")
@@ -136,7 +147,7 @@ class LocalEngine(Frontend):
             raise InvalidRequestError(f"temperature must be in (0, 2], got {temperature}", "temperature")
         key, _ = self._resolve(adapter)
         try:
-            return await self._call(lambda: self._score(prompt_ids, completion_ids, key, temperature))
+            return await self._call(lambda: self._score(prompt_ids, completion_ids, key, temperature, top_k, top_p))
         finally:
             self._release_hold(key)
 
@@ -417,7 +428,7 @@ class LocalEngine(Frontend):
     def _accept(self, request: Request, logits: torch.Tensor) -> None:
         """Append one sampled token, stream its visible text, and finish the request if done."""
         s = request.sampling
-        token, logprob = sample(logits, s.temperature, s.top_p, request.generator)
+        token, logprob = sample(logits, s.temperature, s.top_k, s.top_p, request.generator)
         request.last_token = token
         events, reason = request.advance.events(request.gen, token, logprob)  # none while text is held back
         for event in events:
@@ -508,12 +519,14 @@ class LocalEngine(Frontend):
         self.stats["weight_swaps"] += 1
         self._queue_rewarm(BASE, BASE, cached)
 
-    def _score(self, prompt_ids: list[int], completion_ids: list[int], key: str, temperature: float) -> list[float]:
+    def _score(self, prompt_ids: list[int], completion_ids: list[int], key: str, temperature: float,
+               top_k: int, top_p: float) -> list[float]:
         ids = torch.tensor([prompt_ids + completion_ids], device=self._base.device)
         out = self._forward([key], input_ids=ids, cache=DynamicCache())
         logits = out.logits[0, len(prompt_ids) - 1:-1].float() / temperature
-        logp = torch.log_softmax(logits, dim=-1)
-        target = torch.tensor(completion_ids, device=logp.device)
+        target = torch.tensor(completion_ids, device=logits.device)
+        n = len(completion_ids)
+        logp = processed_logprobs(logits, [top_k] * n, [top_p] * n, keep=target)
         return logp.gather(1, target[:, None]).squeeze(1).tolist()
 
     def _load(self, name: str, path: Path, version: int, read: Read) -> None:

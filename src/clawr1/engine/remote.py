@@ -112,20 +112,22 @@ class RemoteEngine(Frontend, ABC):
         served, version = self._hold(adapter)
         version = version if adapter else self._weights_version
         stream = RemoteStream(Generation(prompt_ids=list(prompt_ids), adapter=adapter, version=version,
-                                         temperature=sampling.scoring_temperature), sampling,
+                                         temperature=sampling.scoring_temperature, top_k=sampling.scoring_cut[0],
+                                         top_p=sampling.scoring_cut[1]), sampling,
                               min(sampling.max_tokens, room))
         self._pending += 1
         stream.task = asyncio.ensure_future(self._run(stream, served))
         return stream
 
     async def score(self, prompt_ids: list[int], completion_ids: list[int], adapter: str | None = None,
-                    temperature: float = 1.0) -> list[float]:
+                    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> list[float]:
         if not completion_ids:
             raise InvalidRequestError("completion_ids must not be empty", "completion_ids")
         if len(prompt_ids) + len(completion_ids) > self.max_context:
             raise ContextLengthError(f"prompt + completion exceed the context of {self.max_context} tokens")
-        if temperature != 1.0:  # the servers' prompt logprobs are of the unscaled distribution
-            raise InvalidRequestError("a remote engine scores at temperature 1 only", "temperature")
+        if temperature != 1.0 or top_k > 0 or top_p < 1.0:  # the servers' prompt logprobs: unscaled, uncut
+            raise InvalidRequestError("a remote engine scores at temperature 1, uncut (top_k 0, top_p 1), only",
+                                      "temperature")
         served, _ = self._hold(adapter)
         try:
             return await self._score(list(prompt_ids) + list(completion_ids), len(prompt_ids), served)

@@ -4,7 +4,7 @@ Start the server with run-time LoRA: `python -m sglang.launch_server --model-pat
 --enable-lora --max-lora-rank 8 --lora-target-modules all --max-loras-per-batch 4`.
 
 - sampling: `POST /generate` with `input_ids`, `sampling_params` (`max_new_tokens`, `temperature`,
-  `top_p`, `stop`, `sampling_seed`) and `return_logprob`; the sampled ids and their logprobs come
+  `top_p`, `top_k`, `stop`, `sampling_seed`) and `return_logprob`; the sampled ids and their logprobs come
   back as `meta_info.output_token_logprobs`, `[logprob, token_id, ...]` each. A request is not
   streamed (its tokens reach the gateway when it ends): the contract holds, the granularity is
   coarser;
@@ -28,7 +28,8 @@ from clawr1.engine.remote import RemoteEngine, raise_for_status
 class SGLangEngine(RemoteEngine):
     async def _sample(self, prompt_ids: list[int], sampling: SamplingParams, max_tokens: int,
                       served: str | None, gen: Generation) -> AsyncIterator[tuple[int, float]]:
-        params: dict = {"max_new_tokens": max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p}
+        params: dict = {"max_new_tokens": max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
+                        "top_k": sampling.top_k or -1}
         if sampling.stop:
             params["stop"] = list(sampling.stop)
         if sampling.seed is not None:

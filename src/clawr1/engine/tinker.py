@@ -55,7 +55,8 @@ class TinkerEngine(RemoteEngine):
 
         async def call() -> tuple[list[int], list[float]]:
             params = types.SamplingParams(max_tokens=max_tokens, temperature=sampling.temperature,
-                                          top_p=sampling.top_p, seed=sampling.seed, stop=list(sampling.stop) or None)
+                                          top_p=sampling.top_p, top_k=sampling.top_k or -1, seed=sampling.seed,
+                                          stop=list(sampling.stop) or None)
             client = await self._client(served)
             response = await _awaitable(client.sample(prompt=types.ModelInput.from_ints(list(prompt_ids)),
                                                       num_samples=1, sampling_params=params))

@@ -8,9 +8,9 @@ Start the server so its logprobs are the ones it sampled from and LoRA adapters 
 
 - sampling: `POST /v1/completions` with the prompt as token ids, `logprobs: 0` and
   `return_tokens_as_token_ids` (each sampled token comes back as `token_id:N` with its logprob),
-  streamed; `processed_logprobs` makes them the logprobs of the temperature-scaled distribution
-  it sampled from (vLLM's default, `raw_logprobs`, is before temperature, so the importance ratio
-  would be off for any temperature but 1);
+  streamed; `processed_logprobs` makes them the logprobs of the distribution it sampled from,
+  temperature-scaled and cut by top-k and top-p as `engine/sampling.py` does (vLLM's default,
+  `raw_logprobs`, is before both, so the importance ratio would be off);
 - scoring: the same route with `prompt_logprobs: 0` over prompt + completion;
 - adapters: `POST /v1/load_lora_adapter` / `/v1/unload_lora_adapter` (`lora_name`, `lora_path`),
   and a request names its adapter as `model`. The adapter directory must be readable by the server.
@@ -40,7 +40,8 @@ class VLLMEngine(RemoteEngine):
     async def _sample(self, prompt_ids: list[int], sampling: SamplingParams, max_tokens: int,
                       served: str | None, gen: Generation) -> AsyncIterator[tuple[int, float]]:
         body = {"model": await self._model(served), "prompt": prompt_ids, "max_tokens": max_tokens,
-                "temperature": sampling.temperature, "top_p": sampling.top_p, "logprobs": 0,
+                "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k or -1,
+                "logprobs": 0,
                 "return_tokens_as_token_ids": True, "stream": True, "skip_special_tokens": False}
         if sampling.seed is not None:
             body["seed"] = sampling.seed

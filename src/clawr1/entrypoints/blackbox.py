@@ -5,14 +5,16 @@ whose OpenAI settings point at the gateway with the rollout's session and group 
 so every call it makes is recorded and judged like production traffic. Its last non-empty stdout
 line is its final answer; the env's checker turns that (and the workspace) into the outcome,
 which closes the session over HTTP. The agent needs no code change: `openai` clients read
-`OPENAI_BASE_URL` and `OPENAI_API_KEY` themselves.
+`OPENAI_BASE_URL` and `OPENAI_API_KEY` themselves. The agent never gets the runner's key: the model
+behind it could post `/v1/feedback {"reward": 1}` on its own turns with it. It gets a key of its
+session (`POST /v1/sessions`) that serves the session and cannot rate or close it.
 
 What CMD gets besides its parent's environment:
 
 | variable | value |
 |---|---|
 | `OPENAI_BASE_URL` | `<gateway>/<session_id>/<prompt_id>/v1` |
-| `OPENAI_API_KEY` | the gateway key (a placeholder when it needs none) |
+| `OPENAI_API_KEY` | a key for its own session only, which cannot rate it (a placeholder when the gateway needs none) |
 | `CLAWR1_TASK` | the task as JSON |
 | `CLAWR1_TASK_PROMPT` | the first user message (what `env.reset` returned) |
 | `CLAWR1_WORKDIR` | the workspace, also its cwd |
@@ -42,10 +44,10 @@ from clawr1.core.config import Config
 from clawr1.entrypoints.inprocess import serve_in_process, wait_judged
 from clawr1.envs.base import Task
 from clawr1.flows.rollouts import (
-    NO_KEY,
     EnvFactory,
     Rollout,
     RolloutResult,
+    agent_key,
     close_session,
     env_for,
     gateway_root,
@@ -108,14 +110,15 @@ def run_one(command: list[str], root: str, api_key: str | None, rollout: Rollout
     with make_env(task) as env, tempfile.TemporaryDirectory(prefix="clawr1-agent-") as scratch:
         prompt = env.reset(task)
         cwd = env.workdir or Path(scratch)  # never the runner's own directory
-        variables = {"OPENAI_BASE_URL": rollout_url(root, rollout), "OPENAI_API_KEY": api_key or NO_KEY,
+        key = agent_key(root, rollout.session_id, api_key)
+        variables = {"OPENAI_BASE_URL": rollout_url(root, rollout), "OPENAI_API_KEY": key,
                      "CLAWR1_TASK": json.dumps(asdict(task), ensure_ascii=False), "CLAWR1_TASK_PROMPT": prompt,
                      "CLAWR1_WORKDIR": str(cwd), "CLAWR1_SESSION_ID": rollout.session_id,
                      "CLAWR1_PROMPT_ID": rollout.prompt_id}
         status, out, err = run_process(command, Path(cwd), {**os.environ, **variables}, timeout_s)
         outcome = env.outcome(final_answer(out))
     closed = close_session(root, rollout.session_id, outcome, api_key)
-    if closed is None and status == "ok":
+    if (closed is None or not closed["turns"]) and status == "ok":
         status = "no calls"
     return RolloutResult(task.id, rollout.index, rollout.session_id, rollout.prompt_id, outcome,
                          closed["turns"] if closed else 0, status, time.perf_counter() - started,

@@ -1,11 +1,19 @@
 """A front process of `gateway.workers` > 1: it accepts on the public port (a listening socket the
 leader bound and hands to every front) and passes each request, bytes unchanged, to the gateway
 worker that holds its session (`gateway/dispatch.py`), over the workers' Unix sockets; replies
-(streams included) come back as they are produced. It authenticates nothing and stores nothing:
-the worker does both, as with one process.
+(streams included) come back as they are produced. It stores nothing.
+
+With agent keys it checks the caller's key before it reads a byte of the body: an agent or the
+admin key (it holds their HMACs under the internal key, never the keys), or a per-session key,
+which the worker holding it checks against the pool; one a worker said is unknown is remembered
+(bounded), so a guess is refused at once the next time. Failed checks count per client address
+(`gateway.auth_failures_per_minute`, `throttle.py`). The worker checks every request again (the
+front only turns the obvious away early). A write to a client that takes no data waits at most
+`--send-timeout-s`.
 
 `python -m clawr1.entrypoints.front --fd N --socket run/gateway-0.sock --socket ...` (the internal
-key in `CLAWR1_INTERNAL_KEY`); it writes the port to `--ready` once every worker answers.
+key in `CLAWR1_INTERNAL_KEY`, the keys' HMACs in `CLAWR1_KEY_DIGESTS`); it writes the port to
+`--ready` once every worker answers.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import signal
 import socket
 import ssl
 import time
+from collections import OrderedDict
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -31,9 +40,11 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from clawr1.entrypoints.workers import orphaned
 from clawr1.gateway.body import parse_json
 from clawr1.gateway.browsers import refusal
-from clawr1.gateway.dispatch import KEY_HEADER, PATH_HEADER, Route, route
+from clawr1.gateway.dispatch import KEY_HEADER, PATH_HEADER, Route, bearer, key_digest, route
 from clawr1.gateway.errors import APIError, anthropic_error_body, error_body
 from clawr1.gateway.metrics import merge_workers
+from clawr1.gateway.sessions import SESSION_KEY_PREFIXES, UNKNOWN_SESSION_KEY
+from clawr1.gateway.throttle import Throttle
 
 log = logging.getLogger("clawr1.front")
 # Per-hop headers (RFC 9110 7.6.1), the ones aiohttp writes itself for the body it sends, and the
@@ -45,16 +56,25 @@ LOOPBACK = ("127.0.0.1", "::1")  # a proxy in front of us there is trusted with 
 BACKLOG = 2048  # connections the kernel queues on the shared port before a front accepts them
 ASK_TIMEOUT_S = 5.0  # how long the workers may take to say who holds a compacted conversation
 HEADER_LIMIT = 65536  # request line and header field sizes accepted (aiohttp's default is 8 KiB)
+REFUSED_KEYS = 65_536  # per-session keys a worker said are unknown, remembered (oldest dropped first)
+# Answered without a key by the workers (the dashboard asks for its own sign-in): not checked here.
+KEYLESS = ("/healthz", "/openapi.json", "/dashboard")
 
 
 class Front:
     def __init__(self, sockets: list[Path], max_body_bytes: int, max_json_depth: int, internal_key: str,
-                 refuse_pages: bool = False):
+                 refuse_pages: bool = False, keys: frozenset[str] | None = None, send_timeout_s: float = 30.0,
+                 auth_failures_per_minute: int = 30):
         """`refuse_pages`: the gateway has no keys; the front faces the browsers, so it refuses
-        what `browsers.refusal` refuses (the workers behind it see only the front)."""
+        what `browsers.refusal` refuses (the workers behind it see only the front). `keys`: the
+        `key_digest`s of every agent key and the admin key, None when the gateway has no agent
+        keys (then only the workers check what they check)."""
         self.sockets, self.max_body, self.max_depth = sockets, max_body_bytes, max_json_depth
         self.internal_key = internal_key
         self.refuse_pages = refuse_pages
+        self.keys, self.send_timeout_s = keys, send_timeout_s
+        self.refused: OrderedDict[str, None] = OrderedDict()  # digests of per-session keys a worker refused
+        self.throttle = Throttle(auth_failures_per_minute)
         self.clients: list[ClientSession] = []
         self.turns = itertools.count()
 
@@ -89,6 +109,7 @@ class Front:
                 refused = refusal(request.method, headers)
                 if refused is not None:
                     raise refused
+            self._check_key(request, headers)  # before a byte of the body is read
             raw = await self._body(request)
             body = None
             if raw and request.method == "POST":
@@ -105,6 +126,34 @@ class Front:
             return await self._forward(request, raw, where.worker if worker is None else worker)
         except APIError as exc:
             return _error(exc, request.path)
+
+    def _check_key(self, request: web.Request, headers: dict[str, str]) -> None:
+        """With agent keys: an agent or admin key, or a per-session key no worker refused yet,
+        else 401 (and a failure counted against the client)."""
+        if self.keys is None or request.path.startswith(KEYLESS):
+            return
+        client = _client(request)
+        if self.throttle.blocked:
+            self.throttle.check(client)
+        token = bearer(headers)
+        digest = key_digest(self.internal_key, token)
+        if token.startswith(SESSION_KEY_PREFIXES):
+            if digest not in self.refused:
+                return  # the worker holding it checks it against the pool
+        elif digest in self.keys:
+            return
+        self.throttle.failed(client)
+        raise APIError(401, UNKNOWN_SESSION_KEY if token.startswith(SESSION_KEY_PREFIXES) else
+                       "missing or invalid API key (Authorization: Bearer <key>)", code="invalid_api_key")
+
+    def _refused(self, request: web.Request, status: int, body: bytes) -> None:
+        """Remember a per-session key a worker answered as unknown (`UNKNOWN_SESSION_KEY`)."""
+        token = bearer({k.lower(): v for k, v in request.headers.items()})
+        if self.keys is not None and status == 401 and token.startswith(SESSION_KEY_PREFIXES) \
+                and UNKNOWN_SESSION_KEY.encode() in body:
+            self.refused[key_digest(self.internal_key, token)] = None
+            if len(self.refused) > REFUSED_KEYS:
+                self.refused.popitem(last=False)
 
     async def _body(self, request: web.Request) -> bytes:
         """The whole body, at most `max_body` bytes (413 beyond, without reading the rest)."""
@@ -175,11 +224,22 @@ class Front:
                     body = await upstream.read()
                 except ClientError as exc:  # the worker died while answering (it may have run it)
                     raise APIError(502, f"gateway worker {worker} failed while answering", code="worker_unavailable") from exc
+                self._refused(request, upstream.status, body)
                 return web.Response(status=upstream.status, body=body, headers=out)
             response = web.StreamResponse(status=upstream.status, headers=out)
             await response.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
+            try:
+                async for chunk in upstream.content.iter_any():
+                    # A client that takes nothing would hold this handler (and the worker's stream
+                    # behind it) for ever: past the timeout it is dropped, and leaving `upstream`
+                    # hangs up on the worker, which stops the work and stores the step `aborted`.
+                    async with asyncio.timeout(self.send_timeout_s):
+                        await response.write(chunk)
+            except TimeoutError:
+                log.warning("a client of %s took no data for %s s; dropped", request.path, self.send_timeout_s)
+                if request.transport is not None:
+                    request.transport.close()
+                return response
             await response.write_eof()
             return response
 
@@ -195,6 +255,13 @@ def _forwarded(request: web.Request) -> CIMultiDict[str]:
         headers["X-Forwarded-For"] = request.remote or ""
         headers["X-Forwarded-Proto"] = "https" if request.secure else "http"
     return headers
+
+
+def _client(request: web.Request) -> str | None:
+    """The client's address, as `_forwarded` tells the worker (a loopback proxy's word taken)."""
+    if request.remote in LOOPBACK and "x-forwarded-for" in request.headers:
+        return request.headers["x-forwarded-for"].split(",")[0].strip()
+    return request.remote
 
 
 def _error(exc: APIError, path: str) -> web.Response:
@@ -251,8 +318,11 @@ async def _main(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
+    digests = os.environ.get("CLAWR1_KEY_DIGESTS")
     front = Front(args.socket, args.max_body_bytes, args.max_json_depth, os.environ["CLAWR1_INTERNAL_KEY"],
-                  refuse_pages=args.no_keys)
+                  refuse_pages=args.no_keys, keys=None if args.no_keys or digests is None else
+                  frozenset(filter(None, digests.split(","))), send_timeout_s=args.send_timeout_s,
+                  auth_failures_per_minute=args.auth_failures_per_minute)
     listener = socket.socket(fileno=args.fd)  # bound and listening: the leader's
     tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
     await unless_orphaned(serve(front, listener, args.ready, tls, args.wait_s, stop, args.drain_s))
@@ -270,6 +340,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tls-key")
     parser.add_argument("--wait-s", type=float, default=600.0, help="how long the workers may take to start")
     parser.add_argument("--drain-s", type=float, default=600.0, help="how long requests in flight may finish on a stop")
+    parser.add_argument("--send-timeout-s", type=float, default=30.0, help="longest a write may wait for the client")
+    parser.add_argument("--auth-failures-per-minute", type=int, default=30, help="failed key checks per address")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s front %(levelname)s %(message)s")
     loop_policy: Any = None

@@ -9,7 +9,7 @@ import signal
 import sys
 from typing import Any
 
-from clawr1.core.config import Config
+from clawr1.core.config import Config, ranks_device_error
 from clawr1.entrypoints.console import err_console, say
 
 
@@ -19,7 +19,7 @@ def cmd_train(args: argparse.Namespace, config: Config) -> int:
     from clawr1.datapool import open_pool
     from clawr1.trainer.checkpoint import exists as checkpoint_exists
     from clawr1.trainer.loop import Trainer, train_until
-    from clawr1.trainer.ranks import Ranks
+    from clawr1.trainer.ranks import Ranks, group_timeout
     from clawr1.trainer.tenants import TenantTrainers
 
     if args.resume and not checkpoint_exists(config.data_dir):
@@ -33,11 +33,15 @@ def cmd_train(args: argparse.Namespace, config: Config) -> int:
         err_console.print("[red]error:[/red] --nproc > 1 trains the shared adapter; per-tenant adapters train "
                           "in one process")
         return 2
+    error = ranks_device_error(config.trainer.device, args.nproc)
+    if error:
+        err_console.print(f"[red]error:[/red] {error}")
+        return 2
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:  # the launcher: N copies of this command as ranks
         from clawr1.trainer.ranks import launch
 
         return launch([sys.executable, "-m", "clawr1.cli.main", *args.argv], args.nproc)
-    ranks = Ranks.from_env(config.trainer.device)
+    ranks = Ranks.from_env(config.trainer.device, group_timeout(config.guard.decision_timeout_s))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # finish the current step, then exit
     with open_pool(config) as pool:

@@ -51,7 +51,7 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
         with err_console.status(f"Starting the {config.engine.backend} server on {config.engine.model} (log: {log}) ..."):
             url = server.start()
         config = config.model_copy(update={"engine": config.engine.model_copy(
-            update={"url": url, "served_model": SERVED_NAME})})
+            update={"url": url, "served_model": SERVED_NAME, "api_key": server.key})})
     try:
         return _up_local(args, config, server)
     finally:

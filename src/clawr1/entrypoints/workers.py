@@ -29,6 +29,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from clawr1.core.config import Config, to_toml
 from clawr1.entrypoints.supervise import keep_running
+from clawr1.gateway.dispatch import key_digest
 
 if TYPE_CHECKING:
     from clawr1.engine import Engine
@@ -63,7 +64,11 @@ class Workers:
             raise ListenError(f"the data dir's path is too long for the workers' Unix sockets ({longest}); "
                               "use a shorter data_dir")
         self.key = secrets.token_urlsafe(32)  # the front's key for `/internal/match`
-        self.env = {**os.environ, "CLAWR1_INTERNAL_KEY": self.key}
+        # The fronts check keys before reading bodies: they get the keys' HMACs under this run's key.
+        keys = [*gw.api_keys, *(k for ks in config.tenants.keys.values() for k in ks),
+                *([gw.admin_key] if gw.admin_key else [])]
+        self.env = {**os.environ, "CLAWR1_INTERNAL_KEY": self.key,
+                    "CLAWR1_KEY_DIGESTS": ",".join(key_digest(self.key, k) for k in keys)}
         # The followers' config, secrets included, goes through a pipe: nothing on disk to leak.
         self.config_text = to_toml(config, secrets=True).encode()
         folder = run_dir(config)
@@ -100,11 +105,15 @@ class Workers:
         gw = self.config.gateway
         argv = [sys.executable, "-m", "clawr1.entrypoints.front", "--fd", str(self.listener.fileno()),
                 "--ready", str(self.ready_file(n)), "--max-body-bytes", str(gw.max_body_bytes),
-                "--max-json-depth", str(gw.max_json_depth), "--drain-s", str(gw.request_timeout_s)]
+                "--max-json-depth", str(gw.max_json_depth), "--drain-s", str(gw.request_timeout_s),
+                "--send-timeout-s", str(gw.send_timeout_s),
+                "--auth-failures-per-minute", str(gw.auth_failures_per_minute)]
         argv += [a for i in range(gw.workers) for a in ("--socket", str(socket_of(self.config, i)))]
         if gw.tls_cert is not None:
             argv += ["--tls-cert", str(gw.tls_cert), "--tls-key", str(gw.tls_key)]
-        if not gw.api_keys and not self.config.tenants.keys:
+        # A tenant named with no keys (`{acme = []}`) gives none: with none at all the gateway is
+        # open, and the fronts face the browsers (until 2026-12-07 such a tenant skipped that).
+        if not gw.api_keys and not any(self.config.tenants.keys.values()):
             argv.append("--no-keys")
         return argv
 

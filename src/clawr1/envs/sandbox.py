@@ -4,18 +4,26 @@ Mechanism (util-linux only; bubblewrap is not required): each command runs in fr
 pid, network, ipc and uts namespaces (`unshare`). A small init script (pid 1 of the new pid
 namespace) builds the command's view of the world:
 
-- the host filesystem bound read-only (every submount it can reach too: one under a directory the
-  sandbox's uid may not enter is out of the command's reach anyway), so writes outside the
-  workspace fail;
+- a root of its own, an empty tmpfs made read-only once built, into which the host lends only
+  the system's programs and libraries (/usr, /bin, /sbin, /lib*), the few files of /etc they read
+  (users, name service, time zone, certificates) and `tool_paths`, each bound read-only with every
+  mount under it. Nothing else of the host is there: no home directory (~/.ssh), no data dir (the
+  pool), no config with its keys, no /var, /run or /srv, so no host UNIX socket either (a gateway
+  worker's, Docker's). Which mounts to make read-only the host reads from its mountinfo and passes
+  as arguments, so a mount point with a space (which `findmnt -r` writes as `\\x20`) is one too;
 - a fresh /proc (only the sandbox's processes), a minimal /dev (null, zero, full, random,
-  urandom, tty), and empty private tmpfs mounts on /tmp, /dev/shm and /run (no host sockets);
+  urandom, tty), and empty private tmpfs mounts on /tmp and /dev/shm;
 - the workspace as a size-limited tmpfs at the workspace's own path: the host copy goes in
   before the command and comes back after it (even after a kill), so a command can never put
   more than `disk_mb` on the host's disk;
 - no network: the new namespace has only a loopback device, and it is down.
 
 The command itself runs with an empty capability bounding set and no-new-privs, under rlimits
-(CPU seconds, address space, processes, file size). Resource counting needs a non-root host uid:
+(CPU seconds, address space, processes, file size); the host sums the resident memory of all its
+processes every 0.1 s (the process tree under `unshare`: an orphan is re-parented to the
+namespace's init, so none leaves it) and kills the namespace past `total_memory_mb`. No cgroup is
+needed, so it works wherever the namespaces do, and the command cannot kill the watchdog (it can
+kill the timer below). Resource counting needs a non-root host uid:
 the kernel does not enforce RLIMIT_NPROC for uid 0, so a host root drops to `SANDBOX_UID` before
 creating the namespaces (a fork bomb then stalls at `max_procs`). At the wall limit a timer in
 the namespace kills every process in it; should that timer itself be killed, the host kills the
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -52,26 +61,45 @@ OUTPUT_KILL_BYTES = 8 * 1024 * 1024
 #: Extra seconds the host waits past the wall limit (namespace setup, copying the workspace back)
 #: before it kills the namespace itself.
 HOST_GRACE_S = 15.0
+#: How often the host sums the resident memory of a command's processes (`envs.total_memory_mb`).
+MEMORY_EVERY_S = 0.1
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 #: PATH inside the sandbox (and of the unsandboxed runner): system directories only.
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-# pid 1 of the sandbox. Arguments: base root work wall_s disk_mb nproc as_bytes cpu_s fsize command.
+#: What a command sees of the host besides its workspace: the system's programs and libraries, and
+#: the files of /etc they read. Everything else (homes, data dirs, /var, /run, /srv, /opt) stays out.
+SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+ETC_FILES = ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "passwd", "group",
+             "nsswitch.conf", "hosts", "host.conf", "protocols", "services", "mime.types", "ssl", "ca-certificates")
+
+# pid 1 of the sandbox. Arguments: base root work wall_s disk_mb nproc as_bytes cpu_s fsize
+# command, then what the host lends (`lent`): `link PATH TARGET`, `bind PATH` (with
+# the mounts under it), `ro PATH` (a mount to make read-only), every path as one argument.
 # Its own output goes to $B/init.log; the command gets the host's pipes (fds 3 and 4).
 _INIT = r"""
 set -eu
 B=$1 R=$2 W=$3 WALL=$4 DISK=$5 NPROC=$6 AS=$7 CPU=$8 FSIZE=$9
 shift 9
+CMD=$1
+shift
 exec 3>&1 4>&2 >>"$B/init.log" 2>&1
 mount --make-rprivate /
-mount --rbind / "$R"
-# A mount point it cannot stat (under a directory the sandbox's uid may not enter, such as a root
-# host's 0700 directories) is out of the command's reach as well, so it is left as it is.
-findmnt -rn -o TARGET -R "$R" | while read -r m; do
-  if stat "$m" >/dev/null 2>&1; then mount -o remount,bind,ro "$m"; fi
+mount -t tmpfs -o size=1m,mode=755 tmpfs "$R"
+while [ $# -gt 0 ]; do
+  case $1 in
+    link) mkdir -p "$R${2%/*}"; ln -s "$3" "$R$2"; shift 3 ;;
+    bind) if [ -d "$2" ]; then mkdir -p "$R$2"; else mkdir -p "$R${2%/*}"; : >"$R$2"; fi
+          mount --rbind "$2" "$R$2"; shift 2 ;;
+    # A mount it cannot stat (under a directory the sandbox's uid may not enter, such as a root
+    # host's 0700 directories) is out of the command's reach as well, so it is left as it is.
+    ro) if stat "$R$2" >/dev/null 2>&1; then mount -o remount,bind,ro "$R$2"; fi; shift 2 ;;
+    *) echo "unknown lend $1"; exit 2 ;;
+  esac
 done
+mkdir -p "$R/proc" "$R/tmp" "$R/dev" "$R/run"
 mount -t proc proc "$R/proc"
 mount -t tmpfs -o size=${DISK}m,nr_inodes=16384,mode=1777 tmpfs "$R/tmp"
-mount -t tmpfs -o size=1m,mode=755 tmpfs "$R/run"
 mount -t tmpfs -o size=1m,mode=755 tmpfs "$R/dev"
 for d in null zero full random urandom tty; do : >"$R/dev/$d"; mount --bind "/dev/$d" "$R/dev/$d"; done
 ln -s /proc/self/fd "$R/dev/fd"
@@ -79,15 +107,15 @@ ln -s fd/0 "$R/dev/stdin"; ln -s fd/1 "$R/dev/stdout"; ln -s fd/2 "$R/dev/stderr
 mkdir "$R/dev/shm"
 mount -t tmpfs -o size=16m,mode=1777 tmpfs "$R/dev/shm"
 mount -o remount,bind,ro "$R/dev"
-mount -o remount,bind,ro "$R/run"
 mkdir -p "$R$W"
 mount -t tmpfs -o size=${DISK}m,nr_inodes=16384,mode=755 tmpfs "$R$W"
 cp -a "$W/." "$R$W/"
+mount -o remount,bind,ro "$R"
 ( exec 3>&- 4>&-; sleep "$WALL"; echo "wall time" >"$B/killed"; kill -KILL -1 ) &
 set +e
 chroot "$R" setpriv --bounding-set=-all --inh-caps=-all --nnp \
   prlimit --nproc="$NPROC" --as="$AS" --cpu="$CPU:$((CPU + 1))" --fsize="$FSIZE" --core=0 -- \
-  env -i PATH="$PATH" HOME="$W" TMPDIR=/tmp LANG=C.UTF-8 sh -c 'cd "$1" && exec sh -c "$2"' sh "$W" "$1" \
+  env -i PATH="$PATH" HOME="$W" TMPDIR=/tmp LANG=C.UTF-8 sh -c 'cd "$1" && exec sh -c "$2"' sh "$W" "$CMD" \
   </dev/null >&3 2>&4 3>&- 4>&-
 rc=$?
 set -e
@@ -96,6 +124,44 @@ find "$W" -mindepth 1 -delete
 cp -a "$R$W/." "$W/"
 echo "$rc" >"$B/rc"
 """
+
+
+def lent(tool_paths: list[Path] | tuple[Path, ...] = ()) -> list[str]:
+    """The init's arguments for what the host lends a command (`_INIT`): the system's paths, the
+    files of /etc, then `tool_paths`, each bound with what is mounted under it, then every one of
+    those mounts made read-only. A top-level symlink (/bin -> usr/bin) is made again as a link."""
+    binds: list[str] = []
+    links: list[str] = []
+    for path in [*SYSTEM_PATHS, *(f"/etc/{name}" for name in ETC_FILES)]:
+        if os.path.islink(path) and os.path.dirname(path) == "/":
+            links += ["link", path, os.readlink(path)]
+        elif os.path.exists(path):
+            binds.append(path)
+    for given in tool_paths:
+        real = os.path.realpath(given)
+        if not os.path.exists(real):
+            continue  # lent where it exists: a config names paths of several hosts
+        binds.append(real)
+        if real != os.path.normpath(given):
+            links += ["link", os.path.normpath(given), real]
+    points = mount_points()
+    args = [*links]
+    for path in binds:
+        args += ["bind", path]
+    for path in binds:
+        args += ["ro", path]
+        args += [a for m in points if m.startswith(path.rstrip("/") + "/") for a in ("ro", m)]
+    return args
+
+
+def mount_points() -> list[str]:
+    """The host's mount points, as the kernel names them in /proc/self/mountinfo (where a space,
+    tab, newline or backslash is an octal escape), decoded."""
+    points = []
+    for line in Path("/proc/self/mountinfo").read_bytes().splitlines():
+        field = line.split(b" ")[4]
+        points.append(os.fsdecode(re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), field)))
+    return points
 
 
 # The unsandboxed runner: set the rlimits, then become `sh -c command`.
@@ -122,7 +188,7 @@ class SandboxError(RuntimeError):
 class SandboxResult:
     """One command's result. `stdout`/`stderr` are heads of the streams; when output was cut, the
     text ends with a note saying how many bytes were dropped. `killed` names the limit that
-    stopped the command ("wall time", "cpu time", "file size", "output"), None when it ended on
+    stopped the command ("wall time", "cpu time", "file size", "output", "memory"), None when it ended on
     its own (a refused allocation under the memory limit is the command's own error exit)."""
 
     exit_code: int
@@ -232,15 +298,16 @@ class Sandbox:
                 "--net", "--ipc", "--uts", "sh", "-c", _INIT, "clawr1-sandbox",
                 str(self._base), str(self._base / "root"), str(self.workdir), f"{lim.wall_s:g}", str(lim.disk_mb),
                 str(lim.max_procs), str(lim.memory_mb * 1024 * 1024), str(lim.cpu_s),
-                str(lim.disk_mb * 1024 * 1024), command]
+                str(lim.disk_mb * 1024 * 1024), command, *lent(lim.tool_paths)]
         proc = subprocess.Popen(argv, cwd=self._base, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True, env={"PATH": SANDBOX_PATH})
-        out = _collect(proc, lim.wall_s + HOST_GRACE_S, lim.output_chars, lambda: _kill_namespace(proc))
+        out = _collect(proc, lim.wall_s + HOST_GRACE_S, lim.output_chars, lambda: _kill_namespace(proc),
+                       lim.total_memory_mb << 20)
         rc_file, killed_file = self._base / "rc", self._base / "killed"
         killed = killed_file.read_text().strip() if killed_file.exists() else out.killed
         if rc_file.exists():
             code = int(rc_file.read_text())
-        elif out.killed == "wall time":
+        elif out.killed is not None:  # the host killed the namespace (wall time, memory)
             code = 128 + signal.SIGKILL
         else:
             log = (self._base / "init.log").read_text(errors="replace") if (self._base / "init.log").exists() else ""
@@ -258,7 +325,7 @@ class Sandbox:
         proc = subprocess.Popen(argv, cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True,
                                 env={"PATH": SANDBOX_PATH, "HOME": str(self.workdir), "LANG": "C.UTF-8"})
-        out = _collect(proc, lim.wall_s, lim.output_chars, lambda: _kill_group(proc.pid))
+        out = _collect(proc, lim.wall_s, lim.output_chars, lambda: _kill_group(proc.pid), lim.total_memory_mb << 20)
         code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
         return SandboxResult(code, out.stdout, out.stderr, out.killed or _signal_limit(code), out.duration_s)
 
@@ -271,15 +338,26 @@ class _Output:
     duration_s: float
 
 
-def _collect(proc: subprocess.Popen[bytes], limit_s: float, keep: int, kill: Callable[[], None]) -> _Output:
+def _collect(proc: subprocess.Popen[bytes], limit_s: float, keep: int, kill: Callable[[], None],
+             memory_bytes: int) -> _Output:
     """Read both pipes until the command ends: keep the head of each, count the rest, close the
-    pipes past `OUTPUT_KILL_BYTES` (the writer then dies of SIGPIPE), call `kill` at `limit_s`."""
+    pipes past `OUTPUT_KILL_BYTES` (the writer then dies of SIGPIPE), call `kill` at `limit_s`, or
+    once the command's processes together hold more than `memory_bytes` resident (checked every
+    `MEMORY_EVERY_S`, also after the command closed its pipes)."""
     assert proc.stdout is not None and proc.stderr is not None
     start = time.monotonic()
     fds = [proc.stdout.fileno(), proc.stderr.fileno()]
     heads = {fd: bytearray() for fd in fds}
     cut = dict.fromkeys(fds, 0)
-    total, killed = 0, None
+    total, killed, checked = 0, None, start
+
+    def over_memory() -> bool:
+        nonlocal checked
+        if time.monotonic() - checked < MEMORY_EVERY_S:
+            return False
+        checked = time.monotonic()
+        return _resident(proc.pid) > memory_bytes
+
     with selectors.DefaultSelector() as sel:
         for fd in fds:
             sel.register(fd, selectors.EVENT_READ)
@@ -289,7 +367,7 @@ def _collect(proc: subprocess.Popen[bytes], limit_s: float, keep: int, kill: Cal
                 killed = "wall time"
                 kill()
                 break
-            for key, _ in sel.select(timeout=left):
+            for key, _ in sel.select(timeout=min(left, MEMORY_EVERY_S)):
                 chunk = os.read(key.fd, 65536)
                 if not chunk:
                     sel.unregister(key.fd)
@@ -300,16 +378,40 @@ def _collect(proc: subprocess.Popen[bytes], limit_s: float, keep: int, kill: Cal
                 total += len(chunk)
             if total > OUTPUT_KILL_BYTES:
                 killed = "output"
+            elif over_memory():
+                killed = "memory"
+                kill()
     proc.stdout.close()
     proc.stderr.close()
-    try:
-        proc.wait(timeout=max(0.0, start + limit_s - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        killed = killed or "wall time"
-        kill()
-        proc.wait()
+    while proc.poll() is None:
+        left = start + limit_s - time.monotonic()
+        if left <= 0:
+            killed = killed or "wall time"
+            kill()
+            break
+        if killed is None and over_memory():
+            killed = "memory"
+            kill()
+            break
+        time.sleep(min(left, MEMORY_EVERY_S))
+    proc.wait()
     out, err = (_head_text(heads[fd], cut[fd], keep) for fd in fds)
     return _Output(out, err, killed, time.monotonic() - start)
+
+
+def _resident(root: int) -> int:
+    """Resident bytes of process `root` and every process under it (threads share their process's
+    memory: each process counts once). One that ends while it is read counts 0."""
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_BYTES
+            for task in os.listdir(f"/proc/{pid}/task"):
+                todo += map(int, Path(f"/proc/{pid}/task/{task}/children").read_text().split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
 
 
 def _head_text(head: bytearray, cut: int, keep: int) -> str:

@@ -88,13 +88,26 @@ def rollout_url(root: str, rollout: Rollout) -> str:
     return f"{root}/{rollout.session_id}/{rollout.prompt_id}/v1"
 
 
+def agent_key(root: str, session_id: str, api_key: str | None, timeout_s: float = 60.0) -> str:
+    """The key an external agent gets for its rollout's session (`POST /v1/sessions`): it serves that
+    session only and cannot rate it (no feedback, no close), so the agent cannot score its own turns;
+    the runner keeps `api_key` to close the session with the task's outcome. A gateway without keys
+    (`api_key` None) trusts every local process anyway: the agent gets the placeholder."""
+    if not api_key:
+        return NO_KEY
+    response = httpx.post(f"{root}/v1/sessions", json={"session_id": session_id}, timeout=timeout_s,
+                          headers={"Authorization": f"Bearer {api_key}"})
+    response.raise_for_status()
+    return response.json()["api_key"]
+
+
 def close_session(root: str, session_id: str, outcome: float | None, api_key: str | None,
                   timeout_s: float = 60.0) -> dict[str, Any] | None:
     """`POST /v1/sessions/{id}/close` with the outcome (None: no reward, the last turn is masked).
 
     Returns:
-        The gateway's answer (`was_open`, `turns`, ...), or None when the session recorded no call
-        (the agent never asked the model).
+        The gateway's answer (`was_open`, `turns`, ...), or None when the session was never
+        opened (no key was made for it and the agent never asked the model).
     Raises:
         httpx.HTTPStatusError: any other refusal (bad outcome, auth).
     """

@@ -37,7 +37,7 @@ class Messages(Wire):
 
     def prepare(self, gw: Gateway, req: wire.MessagesRequest, caller: Caller, headers: dict[str, str],
                 path_ids: tuple[str, str] | None) -> Job:
-        return chat_job(gw, req, caller, new_id("msg_"), self.messages(req), req.chat_tools(), req.sampling(),
+        return chat_job(gw, req, caller, new_id("msg_"), self.messages(req), req.chat_tools(), req.sampling(gw.sampling_defaults),
                         headers, path_ids)
 
     def error_body(self, exc: APIError | EngineError) -> dict[str, Any]:

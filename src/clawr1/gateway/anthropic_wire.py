@@ -17,8 +17,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from clawr1.core.messages import arguments_object
-from clawr1.core.types import Generation, ParsedCompletion, SamplingParams, ToolCall
+from clawr1.core.types import Generation, ParsedCompletion, SamplingDefaults, SamplingParams, ToolCall
 from clawr1.gateway.errors import APIError
+from clawr1.gateway.schema import settings
 from clawr1.gateway.streaming import spliced
 from clawr1.gateway.translated import text_content
 
@@ -68,19 +69,14 @@ class MessagesRequest(BaseModel):
     tool_choice: ToolChoice | None = None
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = None
+    top_k: int | None = Field(None, ge=0, le=1_000_000)
     stop_sequences: list[str] | None = Field(None, max_length=4)
     stream: bool = False
     metadata: dict[str, Any] | None = None
 
-    def sampling(self) -> SamplingParams:
-        if self.top_k is not None:
-            # Refused rather than ignored: the stored logprobs would not be of the distribution asked for.
-            raise APIError(400, "top_k is not supported: the engine samples with temperature and top_p only",
-                           param="top_k")
-        return SamplingParams(max_tokens=self.max_tokens,
-                              temperature=1.0 if self.temperature is None else self.temperature,
-                              top_p=1.0 if self.top_p is None else self.top_p, stop=tuple(self.stop_sequences or ()))
+    def sampling(self, defaults: SamplingDefaults) -> SamplingParams:
+        return SamplingParams(max_tokens=self.max_tokens, stop=tuple(self.stop_sequences or ()),
+                              **settings(self, defaults))
 
     def chat_tools(self) -> list[dict[str, Any]] | None:
         """Tools in chat's shape, or None when there are none or `tool_choice` is `none`. `any` and

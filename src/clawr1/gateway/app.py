@@ -25,7 +25,7 @@ from clawr1.gateway import errors, schema
 from clawr1.gateway.ids import new_id
 from clawr1.gateway.metrics import MetricsMiddleware
 from clawr1.gateway.metrics import router as metrics_router
-from clawr1.gateway.pipeline import HotRoutes
+from clawr1.gateway.hot import HotRoutes
 from clawr1.gateway.service import Caller, Gateway
 
 __all__ = ["Caller", "Gateway", "create_app", "new_id"]  # older imports of these names keep working
@@ -82,7 +82,7 @@ def create_app(engine: Engine, pool: DataPool, config: Config, worker: int = 0,
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
-        caller = gateway.authenticate(request)
+        caller = await gateway.authenticate(request)
         mine = gateway.adapter_of(caller.tenant)  # a tenant never learns of another's adapter
         ids = [config.engine.model] + [name for name in sorted(engine.adapters()) if name == mine]
         return {"object": "list", "data": [{"id": i, "object": "model", "created": 0, "owned_by": "clawr1"} for i in ids]}

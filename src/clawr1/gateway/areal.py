@@ -34,10 +34,11 @@ from clawr1.gateway.completions import COMPLETIONS
 from clawr1.gateway.errors import APIError
 from clawr1.gateway.pipeline import Wire, handle
 from clawr1.gateway.responses import RESPONSES
-from clawr1.gateway.service import Caller, Gateway
+from clawr1.gateway.service import Caller, Gateway, client_of
 
 router = APIRouter()
 MAX_SESSIONS_PER_TASK = 100_000
+TASKS_REMEMBERED = 65_536  # (tenant, task)s whose next session number is kept (oldest dropped first)
 
 
 class StartSession(BaseModel):
@@ -60,14 +61,14 @@ def _task_of(session_id: str) -> str:
     return task if task and n.isdigit() else session_id
 
 
-def _starter(gw: Gateway, request: Request) -> str:
+async def _starter(gw: Gateway, request: Request) -> str:
     """The tenant a new session belongs to: AReaL sends the admin key; an agent key works too."""
     auth = request.headers.get("authorization", "")
     token = auth[7:].strip() if auth.startswith("Bearer ") else ""
     admin = gw.config.gateway.admin_key
     if admin is not None and hmac.compare_digest(token.encode(), admin.encode()):
         return DEFAULT_TENANT
-    caller = gw.authorize(token)
+    caller = await gw.caller(token, client_of(request))
     if caller.session_id is not None:
         raise APIError(403, "a session key cannot start sessions", code="permission_denied")
     return caller.tenant
@@ -76,25 +77,67 @@ def _starter(gw: Gateway, request: Request) -> str:
 @router.post("/rl/start_session", openapi_extra=schema.request_body(StartSession))
 async def start_session(request: Request) -> dict[str, Any]:
     gw: Gateway = request.app.state.gateway
-    tenant = _starter(gw, request)
+    tenant = await _starter(gw, request)
     body = await gw.read(request, StartSession)
     if body.api_key is not None:
         raise APIError(400, "reusing a session key is not supported: omit api_key for a fresh one", param="api_key")
-    for n in range(MAX_SESSIONS_PER_TASK):
+    # The task's next number, remembered: one write a session. Until 2026-12-07 every start tried
+    # 0, 1, 2, ... in turn, a write each, so the n-th session of a task cost n writes.
+    numbers = _numbers(request)
+    n = numbers.pop((tenant, body.task_id), None)
+    if n is None:  # not seen since the start: found with a few reads
+        n = await asyncio.to_thread(_first_free, gw, tenant, body.task_id)
+    while n < MAX_SESSIONS_PER_TASK:
         session_id = f"{body.task_id}-{n}"
         key, digest = gw.new_session_key(session_id)  # routes where the id does (`gateway.workers`)
         if await asyncio.to_thread(gw.pool.open_session, session_id, tenant=tenant, key_hash=digest):
             break
+        n += 1  # made meanwhile (another process, or by its name through another route)
     else:
         raise APIError(409, f"task {body.task_id!r} has {MAX_SESSIONS_PER_TASK} sessions", param="task_id")
+    numbers[(tenant, body.task_id)] = n + 1
+    if len(numbers) > TASKS_REMEMBERED:
+        del numbers[next(iter(numbers))]
     gw.remember_session_key(digest, tenant, session_id)
     return {"session_id": session_id, "api_key": key}
+
+
+def _numbers(request: Request) -> dict[tuple[str, str], int]:
+    """This app's next session number per (tenant, task), the most recently used last."""
+    state = request.app.state
+    if getattr(state, "areal_numbers", None) is None:
+        state.areal_numbers = {}
+    return state.areal_numbers
+
+
+def _first_free(gw: Gateway, tenant: str, task: str) -> int:
+    """The first n with no session `{task}-n`, in O(log n) reads: this route numbers a task's
+    sessions from 0 with no gap, so doubling finds a free number and halving the first one (a gap
+    someone made by naming a session so only makes it a free number, not the first)."""
+    def taken(n: int) -> bool:
+        try:
+            gw.pool.show(f"{task}-{n}", tenant, "session")
+        except KeyError:
+            return False
+        return True
+
+    if not taken(0):
+        return 0
+    low, high = 0, 1  # low is taken, high is the candidate
+    while high < MAX_SESSIONS_PER_TASK and taken(high):
+        low, high = high, min(2 * high, MAX_SESSIONS_PER_TASK)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if taken(middle) else (low, middle)
+    return high
 
 
 async def _session(gw: Gateway, request: Request, path_session: str | None) -> Caller:
     """Whose session a reward or an end is about: the path's (path style) or the key's."""
     auth = request.headers.get("authorization", "")
-    caller = await gw.caller(auth[7:].strip() if auth.startswith("Bearer ") else "")
+    caller = await gw.caller(auth[7:].strip() if auth.startswith("Bearer ") else "", client_of(request))
+    if not caller.rates:
+        raise APIError(403, "an agent's session key cannot rate or end its session", code="permission_denied")
     session_id = path_session or caller.session_id
     if session_id is None:
         raise APIError(400, "authenticate with the session's api_key from /rl/start_session", code="invalid_api_key")

@@ -52,7 +52,7 @@ class Chat(Wire):
         messages = self.messages(req)
         tools = req.tool_dicts()
         prompt = gw.engine.render(messages, tools)
-        samplings = [req.sampling(gw.config.engine.default_max_tokens, i) for i in range(req.n)]
+        samplings = [req.sampling(gw.config.engine.default_max_tokens, gw.sampling_defaults, i) for i in range(req.n)]
         return Job(req, new_id("chatcmpl-"), [prompt], samplings, messages, tools, req.stream,
                    watch_tools=tools is not None, affinity=affinity_key(caller.tenant, messages, headers, path_ids, caller.session_id))
 

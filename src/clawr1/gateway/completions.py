@@ -45,7 +45,7 @@ class Completions(Wire):
         for i, ids in enumerate(prompts):
             if any(t >= vocab for t in ids):
                 raise APIError(400, f"prompt {i}: token ids must be in [0, {vocab})", param="prompt")
-        return Job(req, new_id("cmpl-"), prompts, [req.sampling(i) for i in range(req.n)], stream=req.stream)
+        return Job(req, new_id("cmpl-"), prompts, [req.sampling(gw.sampling_defaults, i) for i in range(req.n)], stream=req.stream)
 
     def body(self, ex: Exchange, gens: list[Generation], parsed: list[ParsedCompletion]) -> dict[str, Any]:
         req, tokenizer = ex.job.req, ex.gw.engine.tokenizer

@@ -24,11 +24,12 @@ of these that the request has:
 from __future__ import annotations
 
 import hashlib
+import hmac
 from dataclasses import dataclass
 from typing import Any
 
 from clawr1.gateway.matcher import SUMMARISER_PROMPTS, SUMMARY_OPENINGS
-from clawr1.gateway.sessions import SESSION_KEY_PREFIX
+from clawr1.gateway.sessions import SESSION_KEY_PREFIXES
 
 # First path segments that are routes of their own, never a session id (`/{session}/...` routes).
 FIXED = frozenset({"v1", "admin", "dashboard", "metrics", "healthz", "rl", "chat", "completions", "responses",
@@ -36,6 +37,11 @@ FIXED = frozenset({"v1", "admin", "dashboard", "metrics", "healthz", "rl", "chat
 SPREAD = ("/v1/completions", "/completions")  # sessionless work that any worker may take
 KEY_HEADER = "x-clawr1-internal"  # the front's key, on its `/internal/match` questions to the workers
 PATH_HEADER = "x-clawr1-path"  # with them: the path the client asked for (which wire format the body is)
+
+
+def key_digest(internal_key: str, key: str) -> str:
+    """What a front holds of an agent or admin key: its HMAC under the run's internal key."""
+    return hmac.new(internal_key.encode(), key.encode(), hashlib.sha256).hexdigest()
 
 
 def owner(key: str, workers: int) -> int:
@@ -127,7 +133,7 @@ def route(method: str, path: str, headers: Any, body: Any, workers: int, turn: i
     if named:
         return Route(owner(str(named), workers))
     key = bearer(headers)
-    if key.startswith(SESSION_KEY_PREFIX):
+    if key.startswith(SESSION_KEY_PREFIXES):
         return Route(owner(key, workers))
     text = first_user_text(body) if method == "POST" else None
     if text is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -47,6 +48,19 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.type = type or _TYPES.get(status, "server_error")
+
+
+def public(exc: APIError | EngineError) -> APIError | EngineError:
+    """What a client may read of an error. A failure of the server's own side (an engine's, 5xx)
+    carries its cause's text: a traceback's last line, a model path, an inference server's or a
+    database's message. That goes to the log with a reference; the client gets the kind of failure,
+    its code and the reference. A client's own error (4xx) is answered as it is."""
+    if exc.status < 500 or isinstance(exc, APIError):  # the gateway's own words name no cause's text
+        return exc
+    reference = uuid.uuid4().hex[:12]
+    log.error("engine error %s (%s): %s", reference, exc.code, exc.message)
+    return APIError(exc.status, f"the engine failed while serving this request; the gateway's log has the "
+                                f"details (error {reference})", code=exc.code, type=exc.type)
 
 
 def error_body(status: int, message: str, *, type: str | None = None, param: str | None = None,
@@ -96,7 +110,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(EngineError)
     async def _engine(_: Request, exc: EngineError) -> JSONResponse:
-        return error_response(exc.status, exc.message, type=exc.type, param=exc.param, code=exc.code)
+        shown = public(exc)
+        return error_response(shown.status, shown.message, type=shown.type, param=shown.param, code=shown.code)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

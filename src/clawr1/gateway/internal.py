@@ -2,7 +2,8 @@
 would continue (or, for an agent's summarising call, summarises), asked by the front process when
 the request's first message no longer says where its session lives (`dispatch.Route.ask`: a
 compaction). Nothing is numbered or stored. It needs the front's key (`x-clawr1-internal`) and
-the caller's own key, as the request would."""
+the caller's own key, and the request must pass the limits it would meet as itself (body size and
+depth, the context check), so no transcript longer than a request may be is searched."""
 
 from __future__ import annotations
 
@@ -11,15 +12,16 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from clawr1.core.types import EngineError
 from clawr1.gateway.anthropic import MESSAGES
 from clawr1.gateway.body import read_json
 from clawr1.gateway.chat import CHAT
 from clawr1.gateway.dispatch import KEY_HEADER, PATH_HEADER
 from clawr1.gateway.errors import APIError, validate
 from clawr1.gateway.matcher import is_summariser_call
-from clawr1.gateway.pipeline import Wire, body_session_fields
+from clawr1.gateway.pipeline import Wire, body_session_fields, check_context
 from clawr1.gateway.responses import RESPONSES
-from clawr1.gateway.service import Gateway
+from clawr1.gateway.service import Gateway, client_of
 
 WIRES: dict[str, Wire] = {"/v1/chat/completions": CHAT, "/chat/completions": CHAT, "/v1/messages": MESSAGES,
                           "/v1/responses": RESPONSES, "/responses": RESPONSES}
@@ -36,10 +38,15 @@ async def match(request: Request) -> dict[str, Any]:
     wire = WIRES.get(request.headers.get(PATH_HEADER, ""))
     if wire is None:
         return {"session_id": None}
-    caller = await gw.caller(wire.token(request))
+    caller = await gw.caller(wire.token(request), client_of(request))
     body = await read_json(request, gw.config.gateway.max_body_bytes, gw.config.gateway.max_json_depth)
     headers = body_session_fields(body, {k.lower(): v for k, v in request.headers.items()})
-    messages = wire.messages(validate(wire.request_model, body))  # not rendered: no tokenising here
+    req = validate(wire.request_model, body)
+    try:
+        check_context(gw, wire.prepare(gw, req, caller, headers, None))
+    except (APIError, EngineError):  # the request is refused as itself wherever it goes
+        return {"session_id": None}
+    messages = wire.messages(req)
     if is_summariser_call(messages):
         return {"session_id": gw.sessions.summarised(caller.tenant, messages)}
     who = gw.sessions.identify(caller.tenant, messages, headers, None, caller.session_id)

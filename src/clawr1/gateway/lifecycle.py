@@ -16,6 +16,7 @@ from clawr1.core.records import DEFAULT_TENANT
 from clawr1.datapool.base import UnknownSessionError, UnknownStepError
 from clawr1.gateway.service import Caller, Gateway
 from clawr1.gateway.errors import APIError
+from clawr1.gateway.ids import new_id
 from clawr1.gateway.schema import check_id, request_body
 
 router = APIRouter()
@@ -51,6 +52,12 @@ class CloseRequest(BaseModel):
     `reward.step_weight`."""
 
 
+class AgentSession(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    session_id: str | None = Field(None, min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_.:-]+$")
+    """Its id (default: a new one)."""
+
+
 class NewSession(BaseModel):
     model_config = ConfigDict(extra="ignore")
     session_id: str | None = Field(None, min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_.:-]+$")
@@ -64,10 +71,18 @@ def _own(caller: Caller, session_id: str) -> None:
         raise APIError(403, "this session key belongs to another session", code="permission_denied")
 
 
+def _rates(caller: Caller) -> None:
+    """An agent's session key serves its session; rating it (feedback, the close that decides its
+    last turn) is for whoever holds the tenant's key (the black-box runner, with the task's outcome)."""
+    if not caller.rates:
+        raise APIError(403, "an agent's session key cannot rate or close its session", code="permission_denied")
+
+
 @router.post("/v1/feedback", openapi_extra=request_body(FeedbackRequest))
 async def feedback(request: Request) -> dict[str, Any]:
     gw: Gateway = request.app.state.gateway
-    caller = gw.authenticate(request)
+    caller = await gw.authenticate(request)
+    _rates(caller)
     body = await gw.read(request, FeedbackRequest)
     session_id = body.session_id or (None if body.completion_id else caller.session_id)
     if session_id is None and body.completion_id is None:
@@ -93,9 +108,10 @@ async def feedback(request: Request) -> dict[str, Any]:
 @router.post("/v1/sessions/{session_id}/close", openapi_extra=request_body(CloseRequest))
 async def close(session_id: str, request: Request) -> dict[str, Any]:
     gw: Gateway = request.app.state.gateway
-    caller = gw.authenticate(request)
+    caller = await gw.authenticate(request)
     check_id(session_id, "session_id")
     _own(caller, session_id)
+    _rates(caller)
     body = await gw.read(request, CloseRequest)
     weight = gw.config.reward.step_weight if body.step_weight is None else body.step_weight
     try:
@@ -109,6 +125,26 @@ async def close(session_id: str, request: Request) -> dict[str, Any]:
     turns = sum(1 for step in shown["steps"] if step["turn_type"] == "main")
     return {"id": session_id, "object": "session", "status": "closed", "was_open": was_open,
             "outcome_reward": body.outcome_reward, "step_weight": weight, "turns": turns}
+
+
+@router.post("/v1/sessions", openapi_extra=request_body(AgentSession))
+async def agent_session(request: Request) -> dict[str, Any]:
+    """A session of the caller's tenant with an agent's key (`sk-clawr1-a-...`): requests with that key
+    belong to the session, and it cannot rate it (feedback, close, `X-Session-Done`, AReaL's reward
+    and end). Whoever holds the tenant's key does that: the black-box runner gives its agents such
+    keys and closes each session with the task's outcome, so the model cannot score its own turns.
+    The key is shown once; the pool stores only its sha256."""
+    gw: Gateway = request.app.state.gateway
+    caller = await gw.authenticate(request)
+    if caller.session_id is not None:
+        raise APIError(403, "a session key cannot create sessions", code="permission_denied")
+    body = await gw.read(request, AgentSession)
+    session_id = body.session_id or new_id("s-")
+    key, digest = gw.new_session_key(session_id, rates=False)
+    if not await asyncio.to_thread(gw.pool.open_session, session_id, tenant=caller.tenant, key_hash=digest):
+        raise APIError(409, f"session {session_id!r} already exists", param="session_id", code="session_exists")
+    gw.remember_session_key(digest, caller.tenant, session_id, rates=False)
+    return {"id": session_id, "object": "session", "api_key": key, "created": int(time.time())}
 
 
 @router.post("/admin/sessions", openapi_extra=request_body(NewSession))

@@ -26,14 +26,19 @@ S's last assistant reply. Real clients are messy (see shared/OPENCLAW.md), so:
   pieces masked or its tail cut, keeping at least half of it), continues S; two sessions that
   both fit match neither.
 Prefixes are indexed by a rolling hash and last replies by their fingerprint, so a lookup costs
-one or two dict probes per message of the request, whatever the number of open sessions. Tenants
-never match across, and every index is keyed by (tenant, session): two tenants may name a session
-alike.
+one or two dict probes per message of the request, whatever the number of open sessions. The two
+searches by containment (which session a summarising call's transcript holds; which remembered
+summary a compaction's summary holds) look at the `SUMMARY_CANDIDATES` sessions of the tenant
+with the latest turns only: an agent compacts a session right after one of its turns, and until
+2026-12-07 a summariser request was one substring search per open session of every tenant, on
+the event loop. Tenants never match across, and every index is keyed by (tenant, session): two
+tenants may name a session alike.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 import unicodedata
@@ -49,6 +54,7 @@ SUMMARY_OPENINGS = ("The conversation history before this point was compacted in
 # The system prompts of agents' own summarising calls: the history sent as one text to be
 # summarised, not a turn of the conversation (recorded as side turns, never trained or matched).
 SUMMARISER_PROMPTS = ("You are a context summarization assistant.",)  # OpenClaw's
+SUMMARY_CANDIDATES = 64  # a tenant's most recently active sessions a containment search looks at
 
 
 def is_summary(message: dict[str, Any]) -> bool:
@@ -180,11 +186,13 @@ class HistoryMatcher:
         self._tails: dict[tuple[str, str], dict[str, tuple[str | None, frozenset[str]]]] = {}
         self._tail_keys: dict[Owner, tuple[str, str]] = {}
         # its last reply's text and its last message's text, to find the session a summarising
-        # call summarises.
+        # call summarises; and each tenant's sessions, the one with the latest turn last.
         self._last: dict[Owner, tuple[str, str]] = {}
-        # (tenant, a summary the model wrote for an agent's compaction) -> the session it summarises
-        self._summaries: dict[tuple[str, str], str] = {}
-        self._summary_keys: dict[Owner, tuple[str, str]] = {}
+        self._recent: dict[str, dict[str, None]] = {}
+        # tenant -> {a summary the model wrote for an agent's compaction: the session it summarises},
+        # the latest written last
+        self._summaries: dict[str, dict[str, str]] = {}
+        self._summary_keys: dict[Owner, str] = {}
 
     def find(self, tenant: str, messages: list[dict[str, Any]], hashes: Hashed | None = None) -> Match | None:
         """The session whose transcript is the longest prefix of `messages`, if any (its last reply
@@ -220,7 +228,7 @@ class HistoryMatcher:
             [(session_id, (system, before))] = owners.items()
             if (fps[j - 1] in before or is_summary(messages[j - 1])) and (system is None or fps[0] == system):
                 return Match(session_id, j + 1, compacted=True)
-        return self._summarised(tenant, messages, fps) if self._summaries else None
+        return self._summarised(tenant, messages, fps) if tenant in self._summaries else None
 
     def _summarised(self, tenant: str, messages: list[dict[str, Any]], fps: list[str]) -> Match | None:
         """The session a compaction that kept no reply continues: its summary message holds a
@@ -229,7 +237,8 @@ class HistoryMatcher:
         if k is None:
             return None
         text = _plain(text_of(messages[k].get("content"), "content"))
-        found = {session for (owner, summary), session in self._summaries.items() if owner == tenant and summary in text}
+        latest = itertools.islice(reversed(self._summaries[tenant].items()), SUMMARY_CANDIDATES)
+        found = {session for summary, session in latest if summary in text}
         if len(found) != 1:
             return None
         [session_id] = found
@@ -248,18 +257,19 @@ class HistoryMatcher:
         session_id = self.summarised(tenant, messages)
         if session_id is None:
             return None
-        old = self._summary_keys.pop((tenant, session_id), None)
-        if old is not None:
-            self._summaries.pop(old, None)
-        self._summaries[(tenant, written)] = session_id
-        self._summary_keys[(tenant, session_id)] = (tenant, written)
+        self._forget_summary(tenant, session_id)
+        mine = self._summaries.setdefault(tenant, {})
+        mine.pop(written, None)  # written again: the latest
+        mine[written] = session_id
+        self._summary_keys[(tenant, session_id)] = written
         return session_id
 
     def summarised(self, tenant: str, messages: list[dict[str, Any]]) -> str | None:
         """The one open session a summarising call's transcript holds the last reply (and, to break
         a tie, the last message) of; None when there is not exactly one."""
         transcript = _plain(" ".join(text_of(m.get("content"), "content") for m in messages))
-        held = [s for (owner, s), (reply, _) in self._last.items() if owner == tenant and reply and reply in transcript]
+        latest = itertools.islice(reversed(self._recent.get(tenant, {})), SUMMARY_CANDIDATES)
+        held = [s for s in latest if (reply := self._last[(tenant, s)][0]) and reply in transcript]
         if len(held) > 1:
             held = [s for s in held if self._last[(tenant, s)][1] and self._last[(tenant, s)][1] in transcript]
         return held[0] if len(held) == 1 else None
@@ -287,6 +297,7 @@ class HistoryMatcher:
         self._tail_keys[owner] = (tenant, reply_fp)
         last = _plain(text_of(messages[-1].get("content"), "content")) if messages else ""
         self._last[owner] = (_plain(text_of(reply.get("content"), "content")), last)
+        self._recent.setdefault(tenant, {})[session_id] = None  # `forget` took it out: now the latest
 
     def forget(self, tenant: str, session_id: str) -> None:
         owner = (tenant, session_id)
@@ -304,10 +315,20 @@ class HistoryMatcher:
             owners.pop(session_id, None)
             if not owners:
                 del self._tails[tail]
-        self._last.pop(owner, None)
-        summary = self._summary_keys.pop(owner, None)
-        if summary is not None and self._summaries.get(summary) == session_id:
-            del self._summaries[summary]
+        if self._last.pop(owner, None) is not None:
+            recent = self._recent[tenant]
+            del recent[session_id]
+            if not recent:
+                del self._recent[tenant]
+        self._forget_summary(tenant, session_id)
+
+    def _forget_summary(self, tenant: str, session_id: str) -> None:
+        summary = self._summary_keys.pop((tenant, session_id), None)
+        mine = self._summaries.get(tenant)
+        if summary is not None and mine is not None and mine.get(summary) == session_id:
+            del mine[summary]
+            if not mine:
+                del self._summaries[tenant]
 
     def __len__(self) -> int:
         return len(self._keys)

@@ -174,6 +174,11 @@ def _guard(guard: Any) -> Iterator[Metric]:
     for decision, n in sorted(guard.decisions.items()):
         decisions.add_metric([decision], n)
     yield decisions
+    in_a_row = GaugeMetricFamily("clawr1_guard_rejected_in_a_row", "Candidates rejected since the adapter's "
+                                 "last promotion (a loop that stops learning shows here)", labels=["adapter"])
+    for name, n in sorted(guard.rejected_in_a_row.items()):
+        in_a_row.add_metric([name], n)
+    yield in_a_row
     quality = GaugeMetricFamily("clawr1_served_quality", "Probe-set quality of the served version (who=served) "
                                 "and of the base model on the same probes (who=base)",
                                 labels=["adapter", "who", "measure"])
@@ -270,7 +275,11 @@ def authorize(gw: Gateway, request: Request) -> None:
                else [key for key, owner in gw.agent_keys if owner == DEFAULT_TENANT])
     auth = request.headers.get("authorization", "")
     token = (auth[7:].strip() if auth.startswith("Bearer ") else "").encode()
+    client = request.client.host if request.client else None  # (`service.client_of`: service imports this module)
+    if gw.throttle.blocked:
+        gw.throttle.check(client)
     if not any(hmac.compare_digest(token, key) for key in allowed):
+        gw.throttle.failed(client)
         which = "the admin key" if admin is not None else "a key of gateway.api_keys (or set gateway.admin_key)"
         raise APIError(401, f"/metrics needs {which} (Authorization: Bearer <key>)", code="invalid_api_key")
 

@@ -39,16 +39,21 @@ from starlette.types import Receive, Scope, Send
 from clawr1.core.records import Step
 from clawr1.core.types import ContextLengthError, EngineError, Generation, ParsedCompletion, SamplingParams, TokenEvent
 from clawr1.engine.base import GenerationStream
-from clawr1.gateway import browsers, schema
+from clawr1.engine.chat import could_be_bare_call
+from clawr1.gateway import schema
 from clawr1.gateway.body import read_json
-from clawr1.gateway.errors import APIError, error_body, validate
-from clawr1.gateway.service import Caller, Gateway, Ticket
+from clawr1.gateway.errors import APIError, public, validate
+from clawr1.gateway.service import Caller, Gateway, Ticket, client_of
 from clawr1.gateway.sessions import Turn
 from clawr1.gateway.streaming import TimedOut, events
 
 log = logging.getLogger(__name__)
 TOOL_OPEN = "<tool_call>"
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+
+
+class Stalled(Exception):
+    """The client took no data for `gateway.send_timeout_s`, or past the request's deadline."""
 
 
 @dataclass
@@ -128,10 +133,12 @@ async def handle(request: Request, wire: Wire, path_ids: tuple[str, str] | None,
         if path_ids is not None:
             for name, value in zip(("session_id", "prompt_id"), path_ids):
                 schema.check_id(value, name)
-        caller = await gw.caller(wire.token(request))
+        caller = await gw.caller(wire.token(request), client_of(request))
         body = await read_json(request, gw.config.gateway.max_body_bytes, gw.config.gateway.max_json_depth)
         req = validate(wire.request_model, body)
         headers = body_session_fields(body, {k.lower(): v for k, v in request.headers.items()})
+        if not caller.rates:  # an agent's session key does not decide its session's end (its last turn's fate)
+            headers.pop("x-session-done", None)
         if session is not None:
             headers["x-session-id"] = session
         if headers.get("x-session-id") is not None:
@@ -142,75 +149,20 @@ async def handle(request: Request, wire: Wire, path_ids: tuple[str, str] | None,
             raise APIError(403, "this session key belongs to another session", code="permission_denied")
         job = wire.prepare(gw, req, caller, headers, path_ids)
         job.base = _wants_base(gw, caller, headers)
-        for prompt in job.prompts:
-            if len(prompt) >= gw.engine.max_context:
-                raise ContextLengthError(
-                    f"the prompt has {len(prompt)} tokens; this model's context is {gw.engine.max_context} "
-                    "and at least one completion token must fit", "messages" if job.messages else "prompt")
+        check_context(gw, job)
         gw.check_storage(caller.tenant, job.stored_bytes())
     except (APIError, EngineError) as exc:
-        return wire.error_response(exc)
+        return wire.error_response(public(exc))
     return Exchange(gw, wire, job, caller, headers, path_ids)
 
 
-class HotRoutes:
-    """The ASGI app the server runs, in front of FastAPI: the plain generation routes (`POST
-    /v1/chat/completions` and the like, no ids in the path) go straight to `handle`, skipping
-    FastAPI's own layers (server errors, body limit, telemetry, exit stack) and its router (a regex
-    match over every route, dependency solving): measured, those were about a third of the
-    gateway's CPU a request. What the metrics and error layers do for every other route is done
-    inline here, with no wrapper around `send` (each wrapper is a closure and an await per message
-    sent): the request is counted and timed under the FastAPI route that serves the same path (so
-    `/metrics` and the OpenAPI schema are unchanged), with the status the response sent, and a bug
-    before the exchange began is a 500 in the route's error shape. Everything else (other paths and
-    methods, lifespan) goes to FastAPI. `state` is FastAPI's (`state.gateway`). `refuse_pages`: a
-    gateway with no keys, where every HTTP request first passes `browsers.refusal`."""
-
-    def __init__(self, app: Any, routes: dict[str, tuple[Wire, Any]], metrics: Any = None,
-                 refuse_pages: bool = False):
-        self.app, self.routes, self.state = app, routes, app.state  # path -> (wire, FastAPI route)
-        self.metrics = metrics  # `GatewayMetrics`
-        self.refuse_pages = refuse_pages
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.refuse_pages and scope["type"] == "http":
-            named = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in _BROWSER_HEADERS}
-            refused = browsers.refusal(scope["method"], named)
-            if refused is not None:
-                wire = self.routes.get(scope["path"])
-                await (wire[0].error_response(refused) if wire else
-                       JSONResponse(error_body(refused.status, refused.message, code=refused.code),
-                                    status_code=refused.status))(scope, receive, send)
-                return
-        hit = None
-        if scope["type"] == "http" and scope["method"] == "POST":
-            path, root = scope["path"], scope.get("root_path", "")
-            hit = self.routes.get(path[len(root):] if root and path.startswith(root) else path)
-        if hit is None:
-            await self.app(scope, receive, send)
-            return
-        # What FastAPI would have set: the app (`request.app`) and the route (the metrics' label).
-        scope["app"], scope["route"] = self.app, hit[1]
-        started = time.perf_counter()
-        response: Response | None = None
-        try:
-            try:
-                response = await handle(Request(scope, receive), hit[0], None)
-            except Exception as exc:  # a bug before the exchange began (`Exchange` answers its own)
-                log.exception("unhandled error in the gateway (POST %s)", scope["path"])
-                response = hit[0].error_response(_internal(exc))
-            await response(scope, receive, send)
-        except Exception as exc:  # raised after the answer was under way (a settle that failed): as CatchAll
-            log.exception("unhandled error in the gateway (POST %s)", scope["path"])
-            if isinstance(response, Exchange):
-                await response._error(_internal(exc))  # whatever of the answer is still unsent
-        finally:
-            if self.metrics is not None:
-                self.metrics.request_done(hit[1].path, 500 if response is None else response.status_code,
-                                          time.perf_counter() - started)
-
-
-_BROWSER_HEADERS = frozenset({b"host", b"origin", b"sec-fetch-site"})
+def check_context(gw: Gateway, job: Job) -> None:
+    """Every prompt of `job` leaves room for at least one completion token, else 400."""
+    for prompt in job.prompts:
+        if len(prompt) >= gw.engine.max_context:
+            raise ContextLengthError(
+                f"the prompt has {len(prompt)} tokens; this model's context is {gw.engine.max_context} "
+                "and at least one completion token must fit", "messages" if job.messages else "prompt")
 
 
 def _internal(exc: Exception) -> APIError:
@@ -256,12 +208,14 @@ class Exchange(Response):
         self.streams: list[GenerationStream] = []
         self.turns: list[Turn] = []
         self.recorded = False
-        self.gone = False  # the client disconnected
+        self.gone = False  # the client disconnected (or took no data in time: `stalled`)
+        self.stalled = False
         self.response_started = self.response_done = False
         self._ticket: Ticket | None = None
         self.status_code = 500  # the status sent (`HotRoutes` counts it): 500 until a response starts
         self.state: Any = None  # a wire format's own per-stream state (Responses: its event counter)
         self._held: list[str] = []  # stream events not sent yet: the engine had the next one ready
+        self.deadline = 0.0  # the loop's time past which the request is cut short (`request_timeout_s`)
 
     @property
     def n(self) -> int:
@@ -269,9 +223,10 @@ class Exchange(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self._send = send
+        self.deadline = asyncio.get_running_loop().time() + self.gw.config.gateway.request_timeout_s
         watcher: asyncio.Future[None] | None = None
         try:
-            self._ticket = self.gw.admission.acquire(len(self.job.prompts) * self.n)
+            self._ticket = self.gw.admission.acquire(len(self.job.prompts) * self.n, self.caller.tenant)
             self.streams = self._start()
             self.turns = [await self.gw.resolve(self.caller, self.job.messages, self.headers_in, self.path_ids)
                           for _ in self.job.prompts]
@@ -281,7 +236,10 @@ class Exchange(Response):
             else:
                 await self._respond(watcher)
         except (APIError, EngineError) as exc:  # refused (429), or the engine failed (502)
-            await self._error(exc)
+            await self._error(public(exc))
+        except Stalled:  # the client did not take what was sent in time: as if it had gone
+            log.warning("%s: the client took no data for %s s (or past the deadline); dropped", self.job.reply_id,
+                        self.gw.config.gateway.send_timeout_s)
         except Exception as exc:  # a bug: answered in the route's shape, never a dropped connection
             log.exception("unhandled error serving %s", self.job.reply_id)
             await self._error(_internal(exc))
@@ -341,7 +299,7 @@ class Exchange(Response):
         with `durable_reply`)."""
         await self._flush()  # the last tokens before the commit, not after it
         gen = await self.streams[0].final()  # drained: returns at once (the Engine contract)
-        parsed = self.gw.engine.parse(gen.content)
+        parsed = self.gw.engine.parse(gen.content, self.job.tools)
         await self.record([gen], [parsed])
         return gen, parsed
 
@@ -373,9 +331,10 @@ class Exchange(Response):
                 # the pool's futures, or the writer would skip steps it was already handed.
                 await asyncio.shield(asyncio.wrap_future(futures[0]) if len(futures) == 1
                                      else asyncio.gather(*[asyncio.wrap_future(f) for f in futures]))
-            except Exception as exc:
-                raise APIError(503, f"the data pool could not store this reply ({type(exc).__name__}: {exc}); "
-                                    "nothing was kept, retry", code="pool_unavailable") from exc
+            except Exception as exc:  # its text (a path, the database's words) is the log's, not the client's
+                log.error("%s: the data pool could not store the reply: %r", self.job.reply_id, exc)
+                raise APIError(503, "the data pool could not store this reply; nothing was kept, retry",
+                               code="pool_unavailable") from exc
         # After the commit: a reply the client never gets (503) must not be matched as history.
         if parsed and self.job.messages:
             self.gw.sessions.record(self.turns[0], self.job.messages, schema.message_of(parsed[0]))
@@ -392,7 +351,8 @@ class Exchange(Response):
                         messages=self.job.messages, tools=self.job.tools, prompt_ids=gen.prompt_ids,
                         token_ids=gen.token_ids, logprobs=gen.logprobs, text=gen.text, policy_version=gen.version,
                         adapter=gen.adapter, finish_reason=gen.finish_reason or "aborted",
-                        temperature=gen.temperature, timings={"total_s": time.perf_counter() - self.started})
+                        temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k,
+                        timings={"total_s": time.perf_counter() - self.started})
             try:
                 future = self.gw.pool.submit_step(step)
             except Exception as exc:  # refused at once (queue or disk full): a failed write like any other
@@ -448,7 +408,7 @@ class Exchange(Response):
             await self._error(APIError(504, f"the engine did not finish within "
                                             f"{self.gw.config.gateway.request_timeout_s} s", code="timeout"))
             return
-        parsed = [self.gw.engine.parse(g.content) for g in gens]
+        parsed = [self.gw.engine.parse(g.content, self.job.tools) for g in gens]
         body = await self.record(gens, parsed, lambda: json_body(self.wire.body(self, gens, parsed)))
         assert body is not None
         await self._send_body(200, body, [(b"content-type", b"application/json")])
@@ -473,7 +433,9 @@ class Exchange(Response):
             self._held.append(self.wire.stream_error(self, APIError(
                 504, f"the engine did not finish within {self.gw.config.gateway.request_timeout_s} s", code="timeout")))
         except (APIError, EngineError) as exc:
-            self._held.append(self.wire.stream_error(self, exc))
+            self._held.append(self.wire.stream_error(self, public(exc)))
+        except Stalled:
+            raise
         except Exception:  # a bug: what was ready before it still goes out, then its error event
             await self._flush()
             raise
@@ -489,23 +451,51 @@ class Exchange(Response):
             await self._chunk(text)
 
     async def _chunk(self, text: str) -> None:
-        await self._send({"type": "http.response.body", "body": text.encode(), "more_body": True})
+        await self._out({"type": "http.response.body", "body": text.encode(), "more_body": True})
 
     async def _end(self) -> None:
-        if not self.response_done:
+        if not self.response_done and not self.gone:
             self.response_done = True
-            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+            await self._out({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _send_body(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
         headers = headers + [(b"content-length", str(len(body)).encode())]
         self.status_code = status
-        await self._send({"type": "http.response.start", "status": status, "headers": headers})
         self.response_started = self.response_done = True
-        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+        await self._out({"type": "http.response.start", "status": status, "headers": headers},
+                        {"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _out(self, *messages: dict[str, Any]) -> None:
+        """Send `messages`, waiting for the client to take them at most `send_timeout_s` and never
+        past the request's deadline: a client that reads nothing (its socket's buffers full) would
+        otherwise hold its admission slot for ever. Past either it is taken as gone (`Stalled`).
+        One timer handle for the lot, not a timeout context per message (a third of the cost)."""
+        loop = asyncio.get_running_loop()
+        until = min(self.deadline, loop.time() + self.gw.config.gateway.send_timeout_s)
+        timer = loop.call_at(until, self._stall, asyncio.current_task())
+        try:
+            for message in messages:
+                await self._send(message)
+        except asyncio.CancelledError:
+            if not self.stalled:
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            raise Stalled from None
+        finally:
+            timer.cancel()
+
+    def _stall(self, task: asyncio.Task | None) -> None:
+        self.stalled = self.gone = True
+        for stream in self.streams:
+            stream.cancel()
+        if task is not None:
+            task.cancel()
 
     async def _error(self, exc: APIError | EngineError) -> None:
         """Before the response started: the route's error shape. After (a stream): its error
         event, then the end of the body."""
+        if self.gone:
+            return  # nobody to tell (a bug after a stall is still logged by the caller)
         if not self.response_started:
             body = json_body(self.wire.error_body(exc))
             await self._send_body(exc.status, body, [(b"content-type", b"application/json")])
@@ -538,9 +528,11 @@ def _wants_base(gw: Gateway, caller: Caller, headers: dict[str, str]) -> bool:
 
 def safe_text(visible: str, sent: str, watch_tools: bool) -> str:
     """New content that is safe to stream: with tools on, nothing from a `<tool_call>` on (and no
-    suffix that could start one, nor trailing whitespace), since it may turn into a structured tool
-    call at the end."""
+    suffix that could start one, nor trailing whitespace), and nothing of a reply that may still be
+    a bare JSON call (`engine/chat.py`), since it may turn into a structured tool call at the end."""
     end = len(visible)
+    if watch_tools and not sent and could_be_bare_call(visible):
+        return ""
     if watch_tools:
         at = visible.find(TOOL_OPEN)
         if at >= 0:

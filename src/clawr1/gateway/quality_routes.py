@@ -12,6 +12,10 @@ behaviour logprobs the engine recorded, so the KL is measured on what was served
 only its own completions (another tenant's id is unknown: 404, nothing leaks), and a per-session
 key only its session's.
 
+The base model's scorings run inside the gateway's admission, as generations do: the request holds
+a ticket for as many scorings as it runs at once (the meter's concurrency, at most the tenant's
+share), so one request naming 1,024 replies cannot crowd out other tenants' requests.
+
 A calibration costs one base scoring pass per reference; the same reference set asked about again
 (a client measuring served replies in batches) reuses it (`CALIBRATIONS` most recent sets).
 """
@@ -60,7 +64,7 @@ class QualityRequest(BaseModel):
 @router.post("/v1/quality", openapi_extra=request_body(QualityRequest))
 async def quality(request: Request) -> dict[str, Any]:
     gw: Gateway = request.app.state.gateway
-    caller = gw.authenticate(request)
+    caller = await gw.authenticate(request)
     body = await gw.read(request, QualityRequest)
     if len(set(body.reference_ids)) < MIN_REPLIES:
         raise APIError(400, f"reference_ids: a calibration needs at least {MIN_REPLIES} distinct base replies, "
@@ -71,8 +75,13 @@ async def quality(request: Request) -> dict[str, Any]:
     references = sorted(set(body.reference_ids))
     steps = await _steps(gw, caller, list(dict.fromkeys(body.completion_ids + references)))
     meter = await gw.quality_meter()
-    calibration = await _calibration(request, gw, caller, meter, [steps[i] for i in references])
-    measured = await meter.measure([_reply(gw, steps[i]) for i in body.completion_ids])
+    at_once = min(len(steps), meter.concurrency, gw.admission.most)
+    ticket = gw.admission.acquire(at_once, caller.tenant)  # 429 when the gateway or the tenant is full
+    try:
+        calibration = await _calibration(request, gw, caller, meter, [steps[i] for i in references], at_once)
+        measured = await meter.measure([_reply(gw, steps[i]) for i in body.completion_ids], at_once)
+    finally:
+        ticket.release()
     data = []
     for completion_id, q in zip(body.completion_ids, measured):
         why = insane_because(q, calibration)
@@ -108,11 +117,12 @@ async def _steps(gw: Gateway, caller: Caller, ids: list[str]) -> dict[str, Step]
 def _reply(gw: Gateway, step: Step) -> Reply:
     """A recorded step as the meter measures it: the reply's text as the client got it, the exact
     sampled ids and their behaviour logprobs."""
-    return Reply(step.messages, gw.engine.parse(step.text).content, step.token_ids, step.prompt_ids,
-                 step.logprobs, step.temperature)
+    return Reply(step.messages, gw.engine.parse(step.text, step.tools).content, step.token_ids, step.prompt_ids,
+                 step.logprobs, step.temperature, step.top_k, step.top_p)
 
 
-async def _calibration(request: Request, gw: Gateway, caller: Caller, meter: Any, steps: list[Step]) -> Calibration:
+async def _calibration(request: Request, gw: Gateway, caller: Caller, meter: Any, steps: list[Step],
+                       concurrency: int) -> Calibration:
     """The references' normal range, from the cache when the same set was asked about before."""
     cache: OrderedDict[tuple[str, tuple[str, ...]], Calibration] = _cache(request)
     key = (caller.tenant, tuple(s.step_id for s in steps))
@@ -121,7 +131,7 @@ async def _calibration(request: Request, gw: Gateway, caller: Caller, meter: Any
         return cache[key]
     replies = [_reply(gw, s) for s in steps]
     try:
-        calibration, _ = await meter.calibrate(replies)
+        calibration, _ = await meter.calibrate(replies, concurrency)
     except ValueError as exc:  # fewer non-empty references than a range needs
         raise APIError(400, f"reference_ids: {exc}", param="reference_ids", code="too_few_references") from exc
     cache[key] = calibration

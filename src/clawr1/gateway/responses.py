@@ -30,7 +30,7 @@ class Responses(Wire):
                 path_ids: tuple[str, str] | None) -> Job:
         req.refuse_state()
         return chat_job(gw, req, caller, new_id("resp_"), self.messages(req), req.chat_tools(),
-                        req.sampling(gw.config.engine.default_max_tokens), headers, path_ids)
+                        req.sampling(gw.config.engine.default_max_tokens, gw.sampling_defaults), headers, path_ids)
 
     def body(self, ex: Exchange, gens: list[Generation], parsed: list[ParsedCompletion]) -> dict[str, Any]:
         gen, rid = gens[0], ex.job.reply_id

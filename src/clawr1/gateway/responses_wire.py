@@ -22,8 +22,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from clawr1.core.types import Generation, ParsedCompletion, SamplingParams
+from clawr1.core.types import Generation, ParsedCompletion, SamplingDefaults, SamplingParams
 from clawr1.gateway.errors import APIError
+from clawr1.gateway.schema import settings
 from clawr1.gateway.streaming import MARK
 from clawr1.gateway.translated import text_content
 
@@ -78,10 +79,8 @@ class ResponsesRequest(BaseModel):
                                     "conversation in `input` (its turns still join one session)",
                                param=name, code="unsupported_parameter")
 
-    def sampling(self, default_max_tokens: int) -> SamplingParams:
-        return SamplingParams(max_tokens=self.max_output_tokens or default_max_tokens,
-                              temperature=1.0 if self.temperature is None else self.temperature,
-                              top_p=1.0 if self.top_p is None else self.top_p)
+    def sampling(self, default_max_tokens: int, defaults: SamplingDefaults) -> SamplingParams:
+        return SamplingParams(max_tokens=self.max_output_tokens or default_max_tokens, **settings(self, defaults))
 
     def chat_tools(self) -> list[dict[str, Any]] | None:
         """Chat-shaped tools, or None with `tool_choice: "none"`; other choices render like `auto`

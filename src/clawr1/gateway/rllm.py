@@ -37,7 +37,7 @@ class NewSession(BaseModel):
 @router.post("/sessions", openapi_extra=schema.request_body(NewSession))
 async def create_session(request: Request) -> dict[str, Any]:
     gw: Gateway = request.app.state.gateway
-    caller = gw.authenticate(request)
+    caller = await gw.authenticate(request)
     if caller.session_id is not None:
         raise APIError(403, "a session key cannot create sessions", code="permission_denied")
     body = await gw.read(request, NewSession)

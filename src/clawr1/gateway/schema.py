@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, field_validator, model_validator
 
-from clawr1.core.types import Generation, ParsedCompletion, SamplingParams
+from clawr1.core.types import Generation, ParsedCompletion, SamplingDefaults, SamplingParams
 from clawr1.gateway.errors import APIError
 
 TEXT_PARTS = ("text", "input_text", "output_text")
@@ -122,6 +122,7 @@ class ChatRequest(BaseModel):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0, le=1_000_000, description="vLLM's extension (0: all tokens)")
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     stop: str | list[str] | None = Field(None, max_length=4)
@@ -143,17 +144,23 @@ class ChatRequest(BaseModel):
             return None
         return [t.model_dump(exclude_none=True) for t in self.tools]
 
-    def sampling(self, default_max_tokens: int, seed_offset: int = 0) -> SamplingParams:
+    def sampling(self, default_max_tokens: int, defaults: SamplingDefaults, seed_offset: int = 0) -> SamplingParams:
         return SamplingParams(
             max_tokens=self.max_completion_tokens or self.max_tokens or default_max_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            stop=tuple(self.stop or ()),
-            seed=None if self.seed is None else self.seed + seed_offset,
-        )
+            stop=tuple(self.stop or ()), seed=None if self.seed is None else self.seed + seed_offset,
+            **settings(self, defaults))
 
 
 _ID_OK = re.compile(r"^[^\x00-\x1f\x7f/]{1,256}$")
+
+
+def settings(req: Any, defaults: SamplingDefaults) -> dict[str, Any]:
+    """A request's temperature, top_p and top_k, each the model's recommended one (`defaults`, as
+    vLLM applies a model's generation config) where the request names none: a stock client (the
+    OpenAI SDKs, OpenClaw) sends none, and at temperature 1, uncut, a small model writes word salad."""
+    return {"temperature": defaults.temperature if req.temperature is None else req.temperature,
+            "top_p": defaults.top_p if req.top_p is None else req.top_p,
+            "top_k": defaults.top_k if getattr(req, "top_k", None) is None else req.top_k}
 
 
 def check_id(value: str, name: str) -> str:
@@ -251,6 +258,7 @@ class CompletionRequest(BaseModel):
     max_tokens: int = Field(16, ge=1, le=MAX_TOKENS)  # OpenAI's default for this endpoint
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0, le=1_000_000, description="vLLM's extension (0: all tokens)")
     stop: str | list[str] | None = Field(None, max_length=4)
     seed: int | None = SEED
     n: int = Field(1, ge=1, le=8)
@@ -287,11 +295,9 @@ class CompletionRequest(BaseModel):
             return [self.prompt]  # type: ignore[list-item]
         return list(self.prompt)  # type: ignore[arg-type]
 
-    def sampling(self, seed_offset: int = 0) -> SamplingParams:
-        return SamplingParams(
-            max_tokens=self.max_tokens, temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p, stop=tuple(self.stop or ()),
-            seed=None if self.seed is None else self.seed + seed_offset)
+    def sampling(self, defaults: SamplingDefaults, seed_offset: int = 0) -> SamplingParams:
+        return SamplingParams(max_tokens=self.max_tokens, stop=tuple(self.stop or ()),
+                              seed=None if self.seed is None else self.seed + seed_offset, **settings(self, defaults))
 
 
 def text_logprobs(gen: Generation, tokenizer: Any) -> dict[str, Any]:

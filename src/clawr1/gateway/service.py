@@ -9,6 +9,7 @@ import asyncio
 import hmac
 import logging
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
@@ -27,30 +28,55 @@ from clawr1.gateway.body import read_json
 from clawr1.gateway.errors import APIError, validate
 from clawr1.gateway.metrics import GatewayMetrics
 from clawr1.quality import QualityMeter
-from clawr1.gateway.sessions import SESSION_KEY_PREFIX, SessionResolver, Turn, hash_key, new_session_key
+from clawr1.gateway.sessions import (
+    AGENT_KEY_PREFIX,
+    SESSION_KEY_PREFIXES,
+    UNKNOWN_SESSION_KEY,
+    SessionResolver,
+    Turn,
+    hash_key,
+    new_session_key,
+)
+from clawr1.gateway.throttle import Throttle
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 
 
 
+KEY_CACHE = 65_536
+"""Per-session keys remembered, known and unknown each (least recently used dropped first): a
+known one then costs no pool read, an unknown one (a guess) one read, not one a request."""
+
+
 class Caller(NamedTuple):
     tenant: str
     session_id: str | None  # set when the request came with a per-session key
+    rates: bool = True  # False for an agent's session key: it serves its session and cannot rate it
+
+
+def client_of(request: Request) -> str | None:
+    """The client's address (behind the front, the one it forwarded)."""
+    client = request.scope.get("client")
+    return client[0] if client else None
 
 
 class Ticket:
     """Room for `n` steps, from admission until their writes are handed to the pool. Released
     once, by whoever ends the request (`pipeline.Exchange`); releasing again is a no-op."""
 
-    __slots__ = ("_owner", "n")
+    __slots__ = ("_owner", "n", "tenant")
 
-    def __init__(self, owner: Admission, n: int):
-        self._owner, self.n = owner, n
+    def __init__(self, owner: Admission, n: int, tenant: str):
+        self._owner, self.n, self.tenant = owner, n, tenant
 
     def release(self) -> None:
         if self.n:
             self._owner.inflight -= self.n
+            held = self._owner.held
+            held[self.tenant] -= self.n
+            if not held[self.tenant]:
+                del held[self.tenant]
             self.n = 0
 
 
@@ -64,7 +90,10 @@ class Admission:
     its step is committed, so admitting would answer 200 and lose the step. Recovery is half-open:
     while refusing, a probe runs `check_writable` (a tiny committed write, in a thread) at most every
     `recheck_s`, with or without traffic; the first that succeeds clears the error, so the gateway
-    admits again by itself a few seconds after the disk has room."""
+    admits again by itself a few seconds after the disk has room.
+
+    With named tenants (`tenants.keys`) each may hold at most `gateway.tenant_share` of the slots,
+    so one tenant's burst (or streams it never reads) leaves room for the others."""
 
     recheck_s: float = 2.0
     """Seconds between two probes of a pool that cannot write (each one tiny write and an fsync)."""
@@ -73,30 +102,45 @@ class Admission:
         self.max_pending, self.queue_room = config.gateway.max_pending, config.pool.writer_queue
         self.pool = pool
         self.inflight = 0
+        self.held: dict[str, int] = {}  # slots each tenant holds (tenants with none are not there)
+        shared = bool(config.tenants.keys) and config.gateway.tenant_share < 1
+        self.per_tenant = max(1, int(self.max_pending * config.gateway.tenant_share)) if shared else self.max_pending
         self._probe: asyncio.Task | None = None  # the half-open probe, while the pool cannot write
         self._next_probe = 0.0  # monotonic time the next probe may run (kept across outages)
 
-    def acquire(self, steps: int) -> Ticket:
+    @property
+    def most(self) -> int:
+        """The largest ticket a tenant can ever get."""
+        return min(self.max_pending, self.queue_room, self.per_tenant)
+
+    def acquire(self, steps: int, tenant: str) -> Ticket:
         """Shed load before anything could be lost: 503 while the pool cannot write; and the
-        requests in flight plus the pool's queue must have room for this request's steps, else 429."""
+        requests in flight plus the pool's queue must have room for this request's steps, and the
+        tenant its share, else 429."""
         error = self.pool.write_error()
         if error is not None:
             self._start_probe(error)
-            raise APIError(503, f"the data pool cannot store new steps ({error}); nothing was run, retry shortly",
+            # The pool's own words (paths, the database's message) go to the log, not to a client.
+            raise APIError(503, "the data pool cannot store new steps; nothing was run, retry shortly",
                            code="pool_unavailable")
-        if steps > min(self.max_pending, self.queue_room):  # could never be admitted: retrying cannot help
+        if steps > self.most:  # could never be admitted: retrying cannot help
             raise APIError(400, f"this request makes {steps} generations (prompts x n); the gateway admits at most "
-                                f"{min(self.max_pending, self.queue_room)} at once (gateway.max_pending, "
+                                f"{self.most} at once (gateway.max_pending, gateway.tenant_share, "
                                 "pool.writer_queue)", param="n", code="invalid_value")
         if self.inflight + steps > self.max_pending:
             raise APIError(429, f"{self.inflight} requests are being served or recorded; retry shortly",
                            code="rate_limit_exceeded")
+        held = self.held.get(tenant, 0)
+        if held + steps > self.per_tenant:
+            raise APIError(429, f"this tenant has {held} requests being served or recorded, its share of the "
+                                "gateway (gateway.tenant_share); retry shortly", code="rate_limit_exceeded")
         queued = self.pool.pending_writes()
         if queued + self.inflight + steps > self.queue_room:
             raise APIError(429, f"the data pool is behind ({queued} writes queued); retry shortly",
                            code="rate_limit_exceeded")
         self.inflight += steps
-        return Ticket(self, steps)
+        self.held[tenant] = held + steps
+        return Ticket(self, steps, tenant)
 
     def _start_probe(self, error: str) -> None:
         """Run the half-open probe unless it runs already (called on the event loop, by a request)."""
@@ -134,7 +178,11 @@ class Gateway:
         owns = (lambda session_id: dispatch.owner(session_id, self.workers) == worker) if self.workers > 1 else None
         self.sessions = SessionResolver(pool.last_turn, owns)
         self.admission = Admission(config, pool)
-        self._session_keys: dict[str, tuple[str, str]] = {}  # key sha256 -> (tenant, session id)
+        # Per-session keys seen: sha256 -> (tenant, session id, rates), and those the pool does not
+        # know (a key is random: one unknown now is never issued later). Both bounded (`KEY_CACHE`).
+        self._session_keys: OrderedDict[str, tuple[str, str, bool]] = OrderedDict()
+        self._unknown_keys: OrderedDict[str, None] = OrderedDict()
+        self.throttle = Throttle(config.gateway.auth_failures_per_minute)
         self._tasks: set[asyncio.Task] = set()  # background closes and settles, referenced until done
         self.swaps: list[tuple[float, str, int, float]] = []  # (when, adapter, version, load seconds)
         self.metrics = GatewayMetrics(self)  # `GET /metrics`; reads the fields above when scraped
@@ -144,6 +192,10 @@ class Gateway:
         self.per_tenant = config.tenants.adapter_per_tenant
         self.full = config.trainer.finetune == "full"  # versions are whole weights, not adapters
         self._meter: QualityMeter | None = None
+        # What a request that names no sampling settings gets: the model's recommended ones (its
+        # generation config, as vLLM applies them), each overridable in config (`engine.temperature` ...).
+        set_ = config.engine
+        self.sampling_defaults = engine.sampling_defaults.overridden(set_.temperature, set_.top_p, set_.top_k)
         self.usage: dict[str, int] = {}  # each tenant's stored bytes, as the pool last said (`watch_usage`)
         self.guard: Any = None  # the `Guard`, when it runs (`watch_versions`)
         self.internal_key = internal_key
@@ -167,19 +219,25 @@ class Gateway:
         return validate(model, await read_json(request, config.max_body_bytes, config.max_json_depth))
 
     # ---- auth ------------------------------------------------------------------------------
-    def authenticate(self, request: Request) -> Caller:
+    async def authenticate(self, request: Request) -> Caller:
         """Agent keys (`gateway.api_keys`) or a per-session key; none needed when no keys are set
         (the gateway then only binds to loopback). A per-session key binds the request to its
         session; an unknown one is refused even without agent keys, so it never lands elsewhere."""
         auth = request.headers.get("authorization", "")
-        return self.authorize(auth[7:].strip() if auth.startswith("Bearer ") else "")
+        return await self.caller(auth[7:].strip() if auth.startswith("Bearer ") else "", client_of(request))
 
-    def authorize(self, token: str) -> Caller:
-        """`authenticate` for a key taken from elsewhere (the Anthropic route reads `x-api-key`)."""
-        if token.startswith(SESSION_KEY_PREFIX):
-            bound = self._session_for_key(token)
+    async def caller(self, token: str, client: str | None = None) -> Caller:
+        """`authenticate` for a key taken from elsewhere (the Anthropic route reads `x-api-key`). A
+        per-session key not seen yet is looked up in the pool off the event loop (the pool may be a
+        server or a Ray actor, and its reads queue behind one lock). A failed check counts against
+        `client` (`Throttle`); a blocked client is refused whatever it sends."""
+        if self.throttle.blocked:
+            self.throttle.check(client)
+        if token.startswith(SESSION_KEY_PREFIXES):
+            bound = await self._session_for_key(token)
             if bound is None:
-                raise APIError(401, "unknown session key", code="invalid_api_key")
+                self.throttle.failed(client)
+                raise APIError(401, UNKNOWN_SESSION_KEY, code="invalid_api_key")
             return Caller(*bound)
         if not self.agent_keys:
             return Caller(DEFAULT_TENANT, None)
@@ -189,15 +247,9 @@ class Gateway:
             if hmac.compare_digest(given, key):
                 tenant = owner
         if tenant is None:
+            self.throttle.failed(client)
             raise APIError(401, "missing or invalid API key (Authorization: Bearer <key>)", code="invalid_api_key")
         return Caller(tenant, None)
-
-    async def caller(self, token: str) -> Caller:
-        """`authorize`, with a per-session key not seen yet looked up off the event loop (the pool
-        may be a server or a Ray actor)."""
-        if token.startswith(SESSION_KEY_PREFIX) and hash_key(token) not in self._session_keys:
-            return await asyncio.to_thread(self.authorize, token)
-        return self.authorize(token)
 
     async def resolve(self, caller: Caller, messages: list[dict[str, Any]], headers: dict[str, str],
                       path_ids: tuple[str, str] | None) -> Turn:
@@ -209,26 +261,38 @@ class Gateway:
             last = await asyncio.to_thread(self.pool.last_turn, who.session_id, who.tenant)
         return self.sessions.number(who, last)
 
-    def _session_for_key(self, token: str) -> tuple[str, str] | None:
+    async def _session_for_key(self, token: str) -> tuple[str, str, bool] | None:
+        """(tenant, session id, rates) of a per-session key, or None: from the caches, else from
+        the pool (keys outlive restarts: they are there), in a thread."""
         digest = hash_key(token)
         bound = self._session_keys.get(digest)
-        if bound is None:
-            found = self.pool.session_by_key(digest)  # keys outlive restarts: they are in the pool
-            if found is not None:
-                bound = self._session_keys[digest] = (found[0], found[1])
+        if bound is not None:
+            self._session_keys.move_to_end(digest)
+            return bound
+        if digest in self._unknown_keys:
+            self._unknown_keys.move_to_end(digest)
+            return None
+        found = await asyncio.to_thread(self.pool.session_by_key, digest)
+        if found is None:
+            _remember(self._unknown_keys, digest, None)
+            return None
+        bound = (found[0], found[1], not token.startswith(AGENT_KEY_PREFIX))
+        _remember(self._session_keys, digest, bound)
         return bound
 
-    def new_session_key(self, session_id: str) -> tuple[str, str]:
-        """A fresh per-session key for `session_id` and its sha256 (`sessions.new_session_key`); with
-        `gateway.workers`, one that routes where the session's id does, so requests naming the
-        session and requests with its key reach the same process."""
-        key, digest = new_session_key()
+    def new_session_key(self, session_id: str, rates: bool = True) -> tuple[str, str]:
+        """A fresh per-session key for `session_id` and its sha256 (`sessions.new_session_key`;
+        `rates` False: an agent's key, which cannot rate its session); with `gateway.workers`, one
+        that routes where the session's id does, so requests naming the session and requests with
+        its key reach the same process."""
+        key, digest = new_session_key(rates)
         while dispatch.owner(key, self.workers) != dispatch.owner(session_id, self.workers):
-            key, digest = new_session_key()
+            key, digest = new_session_key(rates)
         return key, digest
 
-    def remember_session_key(self, digest: str, tenant: str, session_id: str) -> None:
-        self._session_keys[digest] = (tenant, session_id)
+    def remember_session_key(self, digest: str, tenant: str, session_id: str, rates: bool = True) -> None:
+        self._unknown_keys.pop(digest, None)
+        _remember(self._session_keys, digest, (tenant, session_id, rates))
 
     def is_admin(self, request: Request) -> bool:
         """The request carries the admin key (`Authorization: Bearer <admin_key>`)."""
@@ -247,7 +311,11 @@ class Gateway:
     def require_admin(self, request: Request) -> None:
         if self.config.gateway.admin_key is None:
             raise APIError(403, "admin routes are disabled: set gateway.admin_key", code="admin_disabled")
+        client = client_of(request)
+        if self.throttle.blocked:
+            self.throttle.check(client)
         if not self.is_admin(request):
+            self.throttle.failed(client)
             raise APIError(401, "admin routes need the admin key (Authorization: Bearer <admin_key>)",
                            code="invalid_api_key")
 
@@ -334,7 +402,7 @@ class Gateway:
         if not mains:
             return False
         [step] = self.pool.get_steps([mains[-1]["step_id"]])
-        reply = schema.message_of(self.engine.parse(step.text))
+        reply = schema.message_of(self.engine.parse(step.text, step.tools))
         self.sessions.restore(step.tenant, step.session_id, step.messages, reply, turns[-1]["turn_index"] + 1)
         return True
 
@@ -454,3 +522,11 @@ class Gateway:
                 continue
             for tenant, session_id in closed:
                 self.sessions.forget(tenant, session_id)
+
+
+def _remember(cache: OrderedDict[str, Any], key: str, value: Any) -> None:
+    """Put `key` in a bounded cache, dropping the least recently used past `KEY_CACHE`."""
+    cache[key] = value
+    cache.move_to_end(key)
+    if len(cache) > KEY_CACHE:
+        cache.popitem(last=False)

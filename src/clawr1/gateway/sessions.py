@@ -22,6 +22,12 @@ from clawr1.gateway.ids import new_id
 from clawr1.gateway.matcher import Hashed, HistoryMatcher, hashed, is_summariser_call
 
 SESSION_KEY_PREFIX = "sk-clawr1-s-"  # per-session keys are recognisable, so an unknown one is refused
+# An agent's key for one session (`POST /v1/sessions`): it serves the session and cannot rate it (no
+# feedback, no close, no `X-Session-Done`). The prefix says so, and the pool keeps the hash of the
+# whole key, so no one can turn one kind into the other.
+AGENT_KEY_PREFIX = "sk-clawr1-a-"
+SESSION_KEY_PREFIXES = (SESSION_KEY_PREFIX, AGENT_KEY_PREFIX)
+UNKNOWN_SESSION_KEY = "unknown session key"  # the 401's message: the front remembers such keys
 
 
 @dataclass(frozen=True)
@@ -167,9 +173,10 @@ class SessionResolver:
             return {key for key, seen in self._seen.items() if seen >= since_monotonic}
 
 
-def new_session_key() -> tuple[str, str]:
-    """A fresh per-session API key and the sha256 the pool stores instead of it."""
-    key = SESSION_KEY_PREFIX + secrets.token_urlsafe(24)
+def new_session_key(rates: bool = True) -> tuple[str, str]:
+    """A fresh per-session API key and the sha256 the pool stores instead of it (`rates` False: an
+    agent's key, `AGENT_KEY_PREFIX`)."""
+    key = (SESSION_KEY_PREFIX if rates else AGENT_KEY_PREFIX) + secrets.token_urlsafe(24)
     return key, hash_key(key)
 
 

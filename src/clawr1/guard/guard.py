@@ -36,11 +36,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from clawr1.core.config import GuardConfig
 from clawr1.core.records import DEFAULT_TENANT, POLICY, adapter_name
 from clawr1.core.types import EngineError
 from clawr1.engine import adapters as store
 from clawr1.guard.probes import MIN_PROBES, Probe, ProbeSet, ask, everyday_probes, measure, probes_of, replies_of
-from clawr1.quality import not_worse, summarize
+from clawr1.quality import Summary, Verdict, not_worse, summarize
 
 log = logging.getLogger(__name__)
 TOP_UP_S = 5.0  # how often an incomplete probe set looks for more held-out traffic
@@ -63,6 +64,20 @@ class Line:
     waiting_since: float | None = None  # when a candidate first found no probe set
 
 
+def verdicts(candidate: Summary, incumbent: Summary, base: Summary, config: GuardConfig) -> tuple[Verdict, Verdict]:
+    """A candidate's paired verdicts: against the incumbent (sane rate within `sane_bound`, KL from
+    the base under `max_kl`) and against the base (within `base_bound`). The KL is the mean over
+    the probe replies that have one (`summarize`: an empty reply has no tokens, so none); when no
+    reply has one, the bound cannot be checked, and an unchecked bound does not pass. (It was
+    dropped whenever any reply lacked a KL: one empty reply waved any drift through.)"""
+    unmeasured = candidate.kl is None
+    against_incumbent = not_worse(candidate, incumbent, config.sane_bound, None if unmeasured else config.max_kl)
+    if unmeasured:
+        against_incumbent = Verdict(False, f"{against_incumbent.reason}; KL not measured (no probe reply had "
+                                           f"tokens with logprobs): max_kl {config.max_kl:.3f} unchecked")
+    return against_incumbent, not_worse(candidate, base, config.base_bound)
+
+
 class Guard:
     def __init__(self, gw: Any):
         self.gw, self.config = gw, gw.config.guard
@@ -70,6 +85,9 @@ class Guard:
         self.judging = self.config.enabled  # off: each new version is promoted as published (`admit`)
         self.lines: dict[str, Line] = {}
         self.decisions: dict[str, int] = {"promoted": 0, "rejected": 0}  # for /metrics
+        # Candidates rejected since the last promotion, per adapter (/metrics, the dashboard): a loop
+        # that stops learning (every version rejected) is as useless to a user as one that breaks.
+        self.rejected_in_a_row: dict[str, int] = {}
         self.sets = 0
 
     # ---- the loop ------------------------------------------------------------------------
@@ -159,9 +177,7 @@ class Guard:
         summary = await measure(meter, probes.probes, gens, probes.calibration)
         measured = time.perf_counter()
         incumbent = await self._incumbent(line, probes, meter)
-        max_kl = self.config.max_kl if summary.kl is not None else None  # an empty reply has no KL to bound
-        against_incumbent = not_worse(summary, incumbent, self.config.sane_bound, max_kl)
-        against_base = not_worse(summary, probes.base, self.config.base_bound)
+        against_incumbent, against_base = verdicts(summary, incumbent, probes.base, self.config)
         ok = against_incumbent.ok and against_base.ok
         reason = (f"vs v{line.served}: {against_incumbent.reason}; vs base: {against_base.reason}" if ok else
                   "; ".join(f"vs {who}: {v.reason}" for who, v in ((f"v{line.served}", against_incumbent),
@@ -184,6 +200,10 @@ class Guard:
         await asyncio.to_thread(self._record, line.name, version, status, reason, scores)
         line.decided = version
         self.decisions[status] += 1
+        self.rejected_in_a_row[line.name] = 0 if ok else self.rejected_in_a_row.get(line.name, 0) + 1
+        if not ok and self.rejected_in_a_row[line.name] >= 3:
+            log.warning("guard: %s has had %d versions rejected in a row: it learns nothing that serves (see "
+                        "`clawr1 versions` for why)", line.name, self.rejected_in_a_row[line.name])
         if ok:
             probes.summaries[version] = summary
             if serve:
@@ -235,26 +255,38 @@ class Guard:
         due = current is None or version - current.drawn_at_version >= self.config.refresh_versions
         if due and (current is None or time.monotonic() - line.topped_up_at >= TOP_UP_S):
             await self._top_up(line)
-        enough = self.config.probes
-        if due and len(line.held) < self.config.probes and current is None:
+        enough = self.config.probes - self.config.everyday_probes  # from traffic; the rest are everyday requests
+        if due and len(line.held) < enough and current is None:
             line.waiting_since = line.waiting_since or time.monotonic()
             if time.monotonic() - line.waiting_since >= self.config.fallback_after_s:
-                line.held += self._everyday(line)  # thin traffic: sanity on everyday requests in its role
+                line.held += self._everyday(line, self.config.probes - len(line.held))  # thin traffic: everyday
                 enough = min(enough, MIN_PROBES)
         if due and len(line.held) >= enough:
-            held, line.held = line.held[:self.config.probes], line.held[self.config.probes:]
+            room = self._everyday_room(line.held[:self.config.probes])
+            take = self.config.probes - room
+            held, line.held = line.held[:take], line.held[take:]
+            held += self._everyday(line, room)
             line.probes = await self._draw(line, held, version)
             line.waiting_since = None
         return line.probes
 
-    def _everyday(self, line: Line) -> list[Probe]:
+    def _everyday_room(self, held: list[Probe]) -> int:
+        """How many of a set's probes go to everyday requests: `guard.everyday_probes`, less those it
+        holds already (a thin-traffic set was filled with them)."""
+        return max(0, self.config.everyday_probes - sum(p.step_id.startswith("builtin-") for p in held))
+
+    def _everyday(self, line: Line, n: int) -> list[Probe]:
+        """`n` everyday requests in the role the traffic serves (its system prompt), other than any
+        the line holds."""
         context = [m for m in (line.held[-1].messages if line.held else []) if m.get("role") in ("system", "developer")]
-        return everyday_probes(self.gw.engine.render, context, self.config.probes - len(line.held),
-                               self.config.probe_max_tokens)
+        have = {p.step_id for p in line.held}
+        fresh = [p for p in everyday_probes(self.gw.engine.render, context, n + len(have), self.config.probe_max_tokens,
+                                            self.gw.sampling_defaults) if p.step_id not in have]
+        return fresh[:n]
 
     async def _top_up(self, line: Line) -> None:
         line.topped_up_at = time.monotonic()
-        want = self.config.probes - len(line.held)
+        want = self.config.probes - self.config.everyday_probes - len(line.held)
         if want <= 0:
             return
         ids = await asyncio.to_thread(self.gw.pool.hold_out, line.tenant, want)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clawr1.core.records import Step
-from clawr1.core.types import Generation, SamplingParams
+from clawr1.core.types import Generation, SamplingDefaults, SamplingParams
 from clawr1.quality import Calibration, Reply, Summary, summarize
 
 MIN_PROBES = 8  # the calibration's minimum
@@ -45,6 +45,8 @@ class Probe:
     temperature: float
     max_tokens: int
     seed: int
+    top_p: float = 1.0  # with `top_k`: sampled as the replayed turn was (the users' settings)
+    top_k: int = 0
 
 
 @dataclass
@@ -62,26 +64,28 @@ def probes_of(steps: list[Step], max_tokens: int) -> list[Probe]:
     A step with no user message (an agent's turn on its system prompt alone) is no probe: a
     reply's relevance is measured against what the user asked."""
     return [Probe(step.step_id, step.messages, step.tools, step.prompt_ids, step.temperature,
-                  max_tokens,
-                  zlib.crc32(step.step_id.encode()))
+                  max_tokens, zlib.crc32(step.step_id.encode()), step.top_p, step.top_k)
             for step in steps if any(m.get("role") == "user" for m in step.messages or ())]
 
 
-def everyday_probes(render: Any, context: list[dict[str, Any]], n: int, max_tokens: int) -> list[Probe]:
+def everyday_probes(render: Any, context: list[dict[str, Any]], n: int, max_tokens: int,
+                    sampling: SamplingDefaults) -> list[Probe]:
     """`n` built-in probes, each an everyday question after `context` (the system messages of recent
-    traffic, so the model is tested in the role it serves)."""
+    traffic, so the model is tested in the role it serves), sampled as a request that names no
+    settings is (`sampling`: the gateway's defaults)."""
     probes = []
     for i, question in enumerate(EVERYDAY[:n]):
         messages = [*context, {"role": "user", "content": question}]
-        probes.append(Probe(f"builtin-{i}", messages, None, render(messages, None), 0.7, max_tokens,
-                            zlib.crc32(question.encode())))
+        probes.append(Probe(f"builtin-{i}", messages, None, render(messages, None), sampling.temperature,
+                            max_tokens, zlib.crc32(question.encode()), sampling.top_p, sampling.top_k))
     return probes
 
 
 async def ask(engine: Any, pool: Any, probes: list[Probe], adapter: str | None, tenant: str, label: str) -> list[Generation]:
     """Every probe answered by `adapter` (None: the base), recorded as side turns."""
     streams = [engine.generate(p.prompt_ids, SamplingParams(max_tokens=p.max_tokens, temperature=p.temperature,
-                                                            seed=p.seed), adapter) for p in probes]
+                                                            seed=p.seed, top_p=p.top_p, top_k=p.top_k), adapter)
+               for p in probes]
     gens: list[Generation] = list(await asyncio.gather(*[s.final() for s in streams]))
     session = f"probe:{adapter or 'base'}:{label}"
     tag = uuid.uuid4().hex[:8]
@@ -91,7 +95,7 @@ async def ask(engine: Any, pool: Any, probes: list[Probe], adapter: str | None, 
             turn_type="side", messages=probe.messages, tools=probe.tools, prompt_ids=gen.prompt_ids,
             token_ids=gen.token_ids, logprobs=gen.logprobs, text=gen.text, policy_version=gen.version,
             adapter=gen.adapter, finish_reason=gen.finish_reason or "aborted", temperature=gen.temperature,
-            timings={}))
+            top_p=gen.top_p, top_k=gen.top_k, timings={}))
     return gens
 
 

@@ -131,6 +131,8 @@ def insane_because(q: Quality, calibration: Calibration) -> list[str]:
         why.append("echoes the request")
     if q.refusal:
         why.append("refuses")
+    if q.foreign:
+        why.append("writes in another script")
     return why
 
 

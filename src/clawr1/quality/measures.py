@@ -25,13 +25,17 @@ An empty or whitespace-only reply is never sane, whatever its numbers; nor is an
 whose content words are the request's own: relevance near 1.0, fluent, nothing repeated, and it
 says nothing: the question asked back or restated), nor a bare refusal. The base model's own
 likely wordings of both passed every other measure (a review, 2026-12-06: "There are many ways
-to keep basil fresh, but I'm afraid I'm unable to provide that." was sane on all 12 probes).
+to keep basil fresh, but I'm afraid I'm unable to provide that." was sane on all 12 probes). Nor
+is a reply that switches into a script its request has none of (`foreign_script`: Chinese words
+inside an English answer, which Qwen2.5 wrote once trained away from its base, 2026-12-06).
 """
 
 from __future__ import annotations
 
+import collections
 import math
 import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +63,8 @@ class Reply:
     prompt_ids: list[int]
     logprobs: list[float] | None = None
     temperature: float = 1.0
+    top_k: int = 0  # with `top_p`: the cut of the distribution the reply was sampled from (`engine/sampling.py`)
+    top_p: float = 1.0
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
@@ -71,7 +77,7 @@ class Reply:
         """A reply from an engine's Generation; `drift=False` drops the behaviour logprobs (base replies
         measured for calibration need no KL, and skipping it saves a scoring pass when T != 1)."""
         return cls(messages, gen.content, list(gen.token_ids), list(gen.prompt_ids),
-                   list(gen.logprobs) if drift else None, gen.temperature)
+                   list(gen.logprobs) if drift else None, gen.temperature, gen.top_k, gen.top_p)
 
     @property
     def empty(self) -> bool:
@@ -92,11 +98,12 @@ class Quality:
     entropy: float | None = None
     echo: bool = False  # `echoes`: the reply says nothing the request did not
     refusal: bool = False  # `refuses`: the reply declines and gives nothing else
+    foreign: bool = False  # `foreign_script`: it writes in a script the request does not
 
     def to_dict(self) -> dict[str, Any]:
         return {"relevance": self.relevance, "fluency": self.fluency, "repetition": self.repetition,
                 "empty": self.empty, "n_tokens": self.n_tokens, "kl": self.kl, "entropy": self.entropy,
-                "echo": self.echo, "refusal": self.refusal}
+                "echo": self.echo, "refusal": self.refusal, "foreign": self.foreign}
 
 
 TOPIC_TURNS = 2  # user messages a request's topic is read from
@@ -166,6 +173,29 @@ def refuses(reply: str, request: str) -> bool:
         return False
     asked = set(words(request))
     return len({w for w in content_words(reply) if w not in asked}) < REFUSAL_MAX_NEW
+
+
+FOREIGN_MIN = 2  # letters of another script that make a reply foreign (one is a name, a symbol, a quote)
+
+
+def scripts(text: str) -> collections.Counter[str]:
+    """Letters of each script other than Latin (and Greek, which mathematics borrows), by the first
+    word of their Unicode name: CJK, HIRAGANA, HANGUL, CYRILLIC, ARABIC, ..."""
+    out: collections.Counter[str] = collections.Counter()
+    for ch in text:
+        if ord(ch) > 0x24F and ch.isalpha():
+            script = unicodedata.name(ch, "UNKNOWN").split(" ")[0]
+            if script not in ("LATIN", "GREEK"):
+                out[script] += 1
+    return out
+
+
+def foreign_script(reply: str, request: str) -> bool:
+    """The reply writes in a script the request has none of: a model drifting into another language
+    of its pretraining ("**Eco-Friendly能源**: Design your space with solar panels", Qwen2.5 trained
+    away from its base). A user who writes Chinese may be answered in it."""
+    asked = scripts(request)
+    return any(n >= FOREIGN_MIN and script not in asked for script, n in scripts(reply).items())
 
 
 def repetition(text: str, n: int = NGRAM) -> float:

@@ -25,6 +25,7 @@ from clawr1.quality.measures import (
     Quality,
     Reply,
     echoes,
+    foreign_script,
     entropy_estimate,
     fluency,
     kl_estimate,
@@ -54,27 +55,31 @@ class QualityMeter:
         """A meter with the bundled MiniLM embedder (raises if its package is not installed)."""
         return cls(engine, Embedder.shared(), concurrency)
 
-    async def measure(self, replies: Sequence[Reply]) -> list[Quality]:
-        """The measures of each reply, in order."""
-        qualities, _, _ = await self._measure(replies)
+    async def measure(self, replies: Sequence[Reply], concurrency: int | None = None) -> list[Quality]:
+        """The measures of each reply, in order (`concurrency`: scoring calls in flight at most,
+        default the meter's)."""
+        qualities, _, _ = await self._measure(replies, concurrency)
         return qualities
 
-    async def calibrate(self, base_replies: Sequence[Reply], **options: Any) -> tuple[Calibration, list[Quality]]:
+    async def calibrate(self, base_replies: Sequence[Reply], concurrency: int | None = None,
+                        **options: Any) -> tuple[Calibration, list[Quality]]:
         """Measure the base model's own replies and derive their normal range (`options`: see
-        `calibrate`). The chance edge of relevance pairs each reply with every request of the set on
+        `calibrate`; `concurrency` as for `measure`). The chance edge of relevance pairs each reply
+        with every request of the set on
         another topic than its own (cosine of the two requests below `SAME_TOPIC`), from embeddings
         already computed."""
-        measured, vectors, requests = await self._measure(base_replies)
+        measured, vectors, requests = await self._measure(base_replies, concurrency)
         distinct = list(dict.fromkeys(requests))
         chance = [float(vectors[r.text] @ vectors[other])
                   for r, own in zip(base_replies, requests) if not r.empty
                   for other in distinct if float(vectors[own] @ vectors[other]) < SAME_TOPIC]
         return calibrate(measured, chance or None, **options), measured
 
-    async def _measure(self, replies: Sequence[Reply]) -> tuple[list[Quality], dict[str, torch.Tensor], list[str]]:
+    async def _measure(self, replies: Sequence[Reply], concurrency: int | None = None,
+                       ) -> tuple[list[Quality], dict[str, torch.Tensor], list[str]]:
         requests = [request_text(r.messages) for r in replies]
         texts = list(dict.fromkeys(requests + [r.text for r in replies if not r.empty]))
-        gate = asyncio.Semaphore(self.concurrency)  # per call: a semaphore belongs to one event loop
+        gate = asyncio.Semaphore(concurrency or self.concurrency)  # per call: a semaphore belongs to one event loop
         vectors, scores = await asyncio.gather(asyncio.to_thread(self._embed, texts),
                                                asyncio.gather(*(self._score(r, gate) for r in replies)))
         out = []
@@ -87,7 +92,8 @@ class QualityMeter:
             out.append(Quality(relevance=relevance, fluency=fluency(base) if base else None,
                                repetition=repetition(reply.text), empty=reply.empty,
                                n_tokens=len(reply.token_ids), kl=kl, entropy=entropy,
-                               echo=echoes(reply.text, request), refusal=refuses(reply.text, request)))
+                               echo=echoes(reply.text, request), refusal=refuses(reply.text, request),
+                               foreign=foreign_script(reply.text, request)))
         return out, vectors, requests
 
     def _embed(self, texts: list[str]) -> dict[str, torch.Tensor]:
@@ -99,12 +105,12 @@ class QualityMeter:
         return out
 
     async def _score(self, reply: Reply, gate: asyncio.Semaphore) -> list[float]:
-        """The base's logprobs of the reply, teacher-forced at the reply's own sampling temperature:
-        one pass serves fluency and drift (the KL estimate needs the base at the temperature the
-        version sampled at). Fluency is therefore temperature-specific, and so is its calibration:
+        """The base's logprobs of the reply, teacher-forced under the reply's own sampling settings
+        (temperature and cut, each reply token kept in the cut): one pass serves fluency and drift
+        (the KL estimate needs the base under the distribution the version sampled from). Fluency is therefore temperature-specific, and so is its calibration:
         it comes from base replies to the same requests at the same temperature."""
         if not reply.token_ids:
             return []
         async with gate:
             return await self.engine.score(reply.prompt_ids, reply.token_ids, adapter=None,
-                                           temperature=reply.temperature)
+                                           temperature=reply.temperature, top_k=reply.top_k, top_p=reply.top_p)

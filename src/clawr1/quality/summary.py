@@ -22,9 +22,10 @@ from clawr1.quality.measures import Quality, mean
 
 @dataclass(frozen=True)
 class Summary:
-    """Means over a set of replies. Fluency's mean leaves out replies with no tokens (None: none had
-    any); `kl`/`entropy` are None unless every reply had behaviour logprobs; `preferred_and_sane`
-    is None without preference flags."""
+    """Means over a set of replies. Fluency's, KL's and entropy's means leave out replies with no
+    tokens (an empty reply has none of them; None: no reply had tokens); `kl`/`entropy` are None
+    unless every reply with tokens had behaviour logprobs; `preferred_and_sane` is None without
+    preference flags."""
 
     n: int
     relevance: float
@@ -56,15 +57,16 @@ def summarize(qualities: Sequence[Quality], calibration: Calibration,
         raise ValueError(f"{len(qualities)} replies but {len(preferred)} preference flags")
     is_sane = [sane(q, calibration) for q in qualities]
     scored = [q.fluency for q in qualities if q.fluency is not None]
-    drift = all(q.kl is not None and q.entropy is not None for q in qualities)
+    spoke = [q for q in qualities if q.n_tokens]  # an empty reply has no token to measure drift on
+    drift = bool(spoke) and all(q.kl is not None and q.entropy is not None for q in spoke)
     return Summary(
         n=len(qualities),
         relevance=mean([q.relevance for q in qualities]),
         fluency=mean(scored) if scored else None,
         repetition=mean([q.repetition for q in qualities]),
         sane_rate=sum(is_sane) / len(qualities),
-        kl=mean([q.kl for q in qualities if q.kl is not None]) if drift else None,
-        entropy=mean([q.entropy for q in qualities if q.entropy is not None]) if drift else None,
+        kl=mean([q.kl for q in spoke if q.kl is not None]) if drift else None,
+        entropy=mean([q.entropy for q in spoke if q.entropy is not None]) if drift else None,
         preferred_and_sane=(sum(p and s for p, s in zip(preferred, is_sane)) / len(qualities)
                             if preferred is not None else None),
     )

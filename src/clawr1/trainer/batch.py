@@ -144,7 +144,7 @@ def prepare(policy: Policy, samples: list[TrainSample], config: TrainerConfig, r
     `rl_advantages` over the whole batch); samples without a usable signal are masked."""
     steps = [s.step for s in samples]
     rows = pack([s.prompt_ids for s in steps], [s.token_ids for s in steps], [s.temperature for s in steps],
-                policy.pad_id)
+                policy.pad_id, [(s.top_k, s.top_p) for s in steps])
     k = rows.targets.shape[1]
     behaviour = torch.zeros(len(steps), k)
     own = [i for i, s in enumerate(samples) if s.relabelled]
@@ -154,7 +154,8 @@ def prepare(policy: Policy, samples: list[TrainSample], config: TrainerConfig, r
     if own:  # relabelled rows: sampled in another context, so the learner's logprobs are the reference
         with torch.no_grad():
             mine = policy.logprobs(pack([steps[i].prompt_ids for i in own], [steps[i].token_ids for i in own],
-                                        [steps[i].temperature for i in own], policy.pad_id))
+                                        [steps[i].temperature for i in own], policy.pad_id,
+                                        [(steps[i].top_k, steps[i].top_p) for i in own]))
         behaviour += _right_aligned(mine.float().cpu(), samples, own, k)
     has_hint = torch.tensor([bool(s.hint) for s in samples])
     opd = torch.zeros(len(steps), k)
@@ -228,7 +229,7 @@ def _teacher_rows(policy: Policy, samples: list[TrainSample], index: list[int], 
     """The hinted samples' replies after their hint-augmented contexts, right-aligned like `pack`."""
     prompts = [hinted_prompt(policy.chat, samples[i].step, samples[i].hint or "", at) for i in index]
     return pack(prompts, [samples[i].step.token_ids for i in index], [samples[i].step.temperature for i in index],
-                policy.pad_id)
+                policy.pad_id, [(samples[i].step.top_k, samples[i].step.top_p) for i in index])
 
 
 def _right_aligned(values: torch.Tensor, samples: list[TrainSample], index: list[int], k: int) -> torch.Tensor:

@@ -1,5 +1,12 @@
 """Checkpoints that resume exactly: LoRA weights, optimizer state, RNG states and counters, written
-to a temporary directory and renamed into place, so a crash leaves the previous one whole."""
+to a temporary directory and renamed into place, so a crash leaves the previous one whole.
+
+Reading one runs no code from the trainer's folder: the tensors are safetensors, and the optimizer
+file is unpickled with `weights_only=True` (tensors and plain data only), onto the CPU whatever
+device saved it (a state saved on `cuda:1` loads where one GPU is visible; `load_state_dict` then
+moves the moments to their parameters' device). With several ranks, rank 0 alone reads and sends
+what it read to the others (ranks on other hosts need not share its disk).
+"""
 
 from __future__ import annotations
 
@@ -66,20 +73,32 @@ def install(complete: Path, path: Path) -> None:
 
 
 def load(path: Path, policy: Policy, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
-    """Restore in place; returns the saved state, or None when there is no checkpoint. Sharded
-    ranks (FSDP2): a collective in which rank 0 reads and the others receive (`_load_sharded`)."""
+    """Restore in place; returns the saved state, or None when there is no checkpoint. With
+    several ranks, a collective in which rank 0 reads and the others receive: sharded ranks
+    (FSDP2) through `_load_sharded`, replicated ones (LoRA) through one broadcast of what it read."""
     found = _existing(Path(path))
     if sharded.is_sharded(policy.model):
         return _load_sharded(found, policy, optimizer)
-    if found is None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        lead = dist.get_rank() == 0
+        box = [(json.loads((found / "state.json").read_text()), *_read(found, policy))
+               if lead and found is not None else None]
+        dist.broadcast_object_list(box, src=0)  # (LoRA-sized: the weights and two moments)
+        if box[0] is None:
+            return None
+        state, weights, saved = box[0]
+    elif found is None:
         return None
-    weights, saved = _read(found, policy)
+    else:
+        state, (weights, saved) = json.loads((found / "state.json").read_text()), _read(found, policy)
     params = policy.named_state()
     with torch.no_grad():
         for name, value in weights.items():
             params[name].copy_(value)
     optimizer.load_state_dict(saved["optimizer"])
-    return json.loads((found / "state.json").read_text())
+    torch.set_rng_state(saved["torch_rng"])
+    random.setstate(saved["python_rng"])
+    return state
 
 
 def _existing(path: Path) -> Path | None:
@@ -91,15 +110,13 @@ def _existing(path: Path) -> Path | None:
 
 
 def _read(path: Path, policy: Policy) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The checkpoint's tensors (checked against the policy's names) and its optimizer file; the
-    RNG states are restored here."""
+    """The checkpoint's tensors (checked against the policy's names) and its optimizer file (the
+    optimizer's state and the RNG states), on the CPU; nothing in them runs."""
     weights = load_file(path / WEIGHTS if (path / WEIGHTS).is_file() else path / "lora.safetensors")  # older name
     missing = set(policy.named_state()) ^ set(weights)
     if missing:
         raise RuntimeError(f"checkpoint {path} does not match the LoRA config (differs in {sorted(missing)[:3]})")
-    saved = torch.load(path / "optimizer.pt", weights_only=False)
-    torch.set_rng_state(saved["torch_rng"])
-    random.setstate(saved["python_rng"])
+    saved = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
     return weights, saved
 
 
@@ -117,5 +134,7 @@ def _load_sharded(found: Path | None, policy: Policy, optimizer: torch.optim.Opt
         assert found is not None
         weights, saved = _read(found, policy)
         optim = saved["optimizer"]
+        torch.set_rng_state(saved["torch_rng"])
+        random.setstate(saved["python_rng"])
     sharded.scatter(policy.model, optimizer, weights, optim)
     return box[0]

@@ -11,8 +11,14 @@ context) and, for the stop term, the logprob of ending the reply there (any end-
 the backward pass recomputes each chunk's logits and returns the gradient for the hidden states
 (and the head, when it trains). Peak memory is a few [chunk x V] float32 tensors whatever the batch.
 
-Gradients, per position, with p = softmax(z / T), l = log p, q the reference, t the target:
-  d l_t / dz = (onehot_t - p) / T
+The sampled token's logprob (and the reference's, for the k3 estimator) is under the distribution
+each reply was sampled from (`cut`: its top_k and top_p, `engine/sampling.py`), so the importance
+ratio compares it with the engine's recorded logprob like with like; entropy and the KLs are over
+the whole distribution at temperature T.
+
+Gradients, per position, with p = softmax(z / T), l = log p, q the reference, t the target, and
+p_S the sampling distribution (p cut to the kept set S and renormalised; p itself when uncut):
+  d l_t / dz = (onehot_t - p_S) / T
   d H / dz   = -p (l + H) / T
   d KL / dz  = p (l - log q - KL) / T
 """
@@ -24,6 +30,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from clawr1.engine.sampling import processed_logprobs
+
 CHUNK_ELEMENTS = 1 << 24  # positions x vocabulary per chunk (64 MB of float32 logits)
 
 
@@ -32,10 +40,17 @@ def chunks(rows: int, vocab: int) -> list[slice]:
     return [slice(i, min(i + step, rows)) for i in range(0, rows, step)]
 
 
+Cut = tuple[list[int], list[float]]  # per position: the top_k and top_p its reply was sampled with
+
+
+def uncut(cut: Cut | None) -> bool:
+    return cut is None or all(k <= 0 for k in cut[0]) and all(p >= 1.0 for p in cut[1])
+
+
 def head_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, inv_temperature: torch.Tensor,
                reference: torch.Tensor | None = None, reference_weight: torch.Tensor | None = None,
                teacher: torch.Tensor | None = None, teacher_weight: torch.Tensor | None = None,
-               stop: torch.Tensor | None = None,
+               stop: torch.Tensor | None = None, cut: Cut | None = None,
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(logprob of `targets`, entropy, KL(policy || reference), KL(policy || teacher), logprob of
     `stop`, the reference's logprob of `targets`) at each of n positions, in float32.
@@ -47,7 +62,9 @@ def head_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
     that end a reply (the model's end-of-turn ids): the fifth output is the log of their summed
     probability at each position, the chance of stopping there; absent, zeros. The sixth (zeros
     without `reference`) is the k3 KL estimator's input, read off the reference's log-softmax the
-    KL computes anyway. Differentiable in `hidden` and `weight` (the sixth is a constant)."""
+    KL computes anyway. `cut` (per position top_k, top_p): the first and sixth are under the
+    sampling distribution of those settings, each target kept in it (`engine/sampling.py`).
+    Differentiable in `hidden` and `weight` (the sixth is a constant)."""
     empty = hidden.new_zeros((0, hidden.shape[-1]))
 
     def other(h: torch.Tensor | None, w: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,19 +72,23 @@ def head_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
 
     stop = targets.new_zeros(0) if stop is None else stop
     return _HeadStats.apply(hidden, weight, targets, inv_temperature.float(), *other(reference, reference_weight),
-                            *other(teacher, teacher_weight), stop)
+                            *other(teacher, teacher_weight), stop, None if uncut(cut) else cut)
 
 
 @torch.no_grad()
 def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                  inv_temperature: torch.Tensor, stop: torch.Tensor | None = None) -> list[torch.Tensor]:
+                  inv_temperature: torch.Tensor, stop: torch.Tensor | None = None,
+                  cut: Cut | None = None) -> list[torch.Tensor]:
     """[[n] logprobs of `targets`] and, with `stop` (end-of-turn ids [m]), [n] the logprobs of
-    stopping (as `head_stats`), chunked, without autograd (teachers, probes)."""
+    stopping (as `head_stats`, `cut` too), chunked, without autograd (teachers, probes)."""
     outs = [torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
             for _ in range(1 if stop is None else 2)]
+    cut = None if uncut(cut) else cut
     for s in chunks(hidden.shape[0], weight.shape[0]):
-        logp = torch.log_softmax(_chunk(hidden[s], weight, inv_temperature[s].float()), -1)
-        outs[0][s] = logp.gather(-1, targets[s, None]).squeeze(-1)
+        z = _chunk(hidden[s], weight, inv_temperature[s].float())
+        logp = torch.log_softmax(z, -1)
+        picked = logp if cut is None else processed_logprobs(z, cut[0][s], cut[1][s], keep=targets[s])
+        outs[0][s] = picked.gather(-1, targets[s, None]).squeeze(-1)
         if stop is not None:
             outs[1][s] = torch.logsumexp(logp[:, stop], -1)
     return outs
@@ -84,25 +105,32 @@ class _HeadStats(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, inv_t: torch.Tensor,
                 reference: torch.Tensor, ref_weight: torch.Tensor, teacher: torch.Tensor,
-                teacher_weight: torch.Tensor, stop: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                teacher_weight: torch.Tensor, stop: torch.Tensor, cut: Cut | None) -> tuple[torch.Tensor, ...]:
         n = hidden.shape[0]
+        ctx.cut = cut
         others = ((reference, ref_weight), (teacher, teacher_weight))
         logp_t, entropy, kl_ref, kl_teacher, logp_stop, ref_t = (
             torch.zeros(n, dtype=torch.float32, device=hidden.device) for _ in range(6))
         ctx.scaled = bool((inv_t != 1).any())  # some reply sampled at a temperature other than 1
         for s in chunks(n, weight.shape[0]):
             t = inv_t[s] if ctx.scaled else None
-            logp = torch.log_softmax(_chunk(hidden[s], weight, t), -1)
+            z = _chunk(hidden[s], weight, t)
+            logp = torch.log_softmax(z, -1)
             p = logp.exp()
-            logp_t[s] = logp.gather(-1, targets[s, None]).squeeze(-1)
+            sampled = logp if cut is None else processed_logprobs(z, cut[0][s], cut[1][s], keep=targets[s])
+            del z
+            logp_t[s] = sampled.gather(-1, targets[s, None]).squeeze(-1)
             if stop.shape[0]:
                 logp_stop[s] = torch.logsumexp(logp[:, stop], -1)
             entropy[s] = -torch.linalg.vecdot(p, logp)
             for (h, w), kl, picked in zip(others, (kl_ref, kl_teacher), (ref_t, None)):
                 if h.shape[0]:
-                    q = torch.log_softmax(_chunk(h[s], w, t), -1)
+                    zq = _chunk(h[s], w, t)
+                    q = torch.log_softmax(zq, -1)
                     kl[s] = torch.linalg.vecdot(p, logp - q)
                     if picked is not None:
+                        if cut is not None:
+                            q = processed_logprobs(zq, cut[0][s], cut[1][s], keep=targets[s])
                         picked[s] = q.gather(-1, targets[s, None]).squeeze(-1)
         ctx.save_for_backward(hidden, weight, targets, inv_t, reference, ref_weight, teacher, teacher_weight,
                               stop, entropy, kl_ref, kl_teacher, logp_stop)
@@ -124,9 +152,11 @@ class _HeadStats(torch.autograd.Function):
         # dz = p * (row + logp * slope - sum_k g_k log q_k) + onehot_t * g_logp (+ the stop ids' term),
         # the docstring's gradients summed: the per-position parts first, then one pass over [c, V]
         # per term that varies along the vocabulary. Only the target's term: p = softmax, no logp.
+        # A cut sampling distribution puts the target's -p_S term apart (not a multiple of p).
+        cut = ctx.cut
         row = torch.zeros_like(entropy)
         slope = torch.zeros_like(entropy)
-        for g, value in ((g_logp, None), (g_stop, None), (g_entropy, entropy)):
+        for g, value in ((g_logp if cut is None else None, None), (g_stop, None), (g_entropy, entropy)):
             if g is not None:
                 row -= g if value is None else g * value
         if g_entropy is not None:
@@ -140,6 +170,9 @@ class _HeadStats(torch.autograd.Function):
         for s in chunks(hidden.shape[0], weight.shape[0]):
             t = inv_t[s] if ctx.scaled else None
             z = _chunk(hidden[s], weight, t)
+            p_cut = None
+            if cut is not None and g_logp is not None:
+                p_cut = processed_logprobs(z, cut[0][s], cut[1][s], keep=targets[s]).exp_()
             if not needs_logp:
                 dz = torch.softmax(z, -1).mul_(row[s, None])
             else:
@@ -153,6 +186,8 @@ class _HeadStats(torch.autograd.Function):
                 if g_stop is not None:  # log sum_S p: p / p_S on S, the -p above elsewhere
                     dz.index_add_(1, stop, (logp[:, stop] - logp_stop[s, None]).exp() * g_stop[s, None])
             if g_logp is not None:
+                if p_cut is not None:
+                    dz.sub_(p_cut.mul_(g_logp[s, None]))
                 dz.scatter_add_(-1, targets[s, None], g_logp[s, None])
             if t is not None:
                 dz.mul_(t[:, None])
@@ -160,4 +195,4 @@ class _HeadStats(torch.autograd.Function):
                 grad_h[s] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
             if grad_w is not None:
                 grad_w += dz.T @ hidden[s].float()
-        return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), *([None] * 7)
+        return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), *([None] * 8)

@@ -8,11 +8,16 @@ resuming acks those leases first, so their samples are never trained twice.
 
 The guard (`guarded.py`): each published LoRA version is a candidate; the trainer waits for the
 verdict, and a rejected version is undone (weights and optimizer back to the incumbent's).
+
+A version that cannot train (a pass out of memory, a NaN or inf gradient norm) is given back, not
+published: its leases return at once with the suspect samples charged an attempt, and the pool
+drops a sample that keeps failing as poison (`give_back`), so no sample kills the trainer forever.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,7 +49,7 @@ from clawr1.trainer.ranks import Ranks
 log = logging.getLogger(__name__)
 
 
-class Trainer:
+class Trainer(guarded.GuardSide):
     """Trains one adapter: the shared `policy` on every tenant's samples (`tenant=None`), or one
     tenant's own adapter on that tenant's samples only. Per-tenant trainers share one `Policy`
     (one base model, an adapter each) and keep their own optimizer, checkpoint, versions and log."""
@@ -75,7 +80,7 @@ class Trainer:
             if self.tc.relabel > 0:  # its behaviour pass runs on the ranks holding relabelled rows only
                 raise ValueError("trainer.relabel with sharded full fine-tuning: use LoRA or one rank")
             sharded.shard(self.policy.model)
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=self.tc.lr, weight_decay=self.tc.weight_decay)
+        self.optimizer = self.new_optimizer()
         self.step_count = 0
         self.version = 0  # the newest version of this adapter published (0 = base model)
         # The guard decides each LoRA version; the trainer waits for it and undoes a rejected one.
@@ -100,14 +105,19 @@ class Trainer:
         if self.guarded and not (guarded.promoted_path(self.root, tenant) / "state.json").is_file():
             self.keep_promoted()  # the state to fall back to: the initial LoRA, or what a resume restored
 
+    def new_optimizer(self, foreach: bool | None = None) -> torch.optim.AdamW:
+        """A fresh AdamW over the trainable parameters (`foreach`: None, torch's choice)."""
+        return sharded.adamw(self.policy.parameters(), self.tc.lr, self.tc.weight_decay, foreach)
+
     # ---- persistence ---------------------------------------------------------------------------
     def resume(self) -> None:
+        # (rank 0 reads the disk, and the others receive what it read: they may not share it)
         state = checkpoint.load(checkpoint.path_of(self.root, self.tenant), self.policy, self.optimizer)
-        published = adapters.latest(self.adapter_root, self.adapter)
+        published = self.ranks.broadcast(adapters.latest(self.adapter_root, self.adapter) if self.ranks.lead else None)
         if state is not None:
             self.step_count, self.version = state["step"], state["version"]
             self.promoted, self.rollbacks = state.get("promoted", self.version), state.get("rollbacks", [])
-            self.reward_baseline = state.get("reward_baseline", 0.0)
+            self.reward_baseline, self.rejections = state.get("reward_baseline", 0.0), state.get("rejections", 0)
             # (A checkpoint from before `weights_of` holds the incumbent's weights after a rejection.)
             self.weights_of = state.get("weights_of", self.promoted if self.guarded else self.version)
             for lease_id in state.get("lease_ids", [state["lease_id"]] if state.get("lease_id") else []):
@@ -127,6 +137,9 @@ class Trainer:
     accumulated: Accumulated | None = None  # the version being accumulated (`train_step`); None: no gradients kept
     reward_baseline: float = 0.0  # the online rewards' moving average (`trainer.baseline`), to checkpoint
     skipped: int = 0  # batches acknowledged without a version: no sample had a trainable token
+    nonfinite_steps: int = 0  # optimizer steps skipped: the gradient norm was NaN or inf
+    failed_versions: int = 0  # versions given back untrained (`give_back`)
+    rejections: int = 0  # candidates the guard rejected since the last promotion (`reject_backoff`)
 
     def ready(self) -> int:
         """How many samples to lease now; 0: nothing to do yet.
@@ -173,6 +186,7 @@ class Trainer:
             return None
         self.version += 1
         self.weights_of = self.version
+        self.say_what_it_learned_from(metrics)
         t = time.perf_counter()
         whole = sharded.gather(self.policy.model, self.optimizer) if self.sharded else None  # every rank's part
         if lead:
@@ -187,6 +201,8 @@ class Trainer:
             for lease_id in metrics["lease_ids"]:
                 self.pool.ack(lease_id)
         metrics.update(version=self.version, lease=int(metrics["samples"]), skipped=self.skipped,
+                       nonfinite_steps=self.nonfinite_steps, failed_versions=self.failed_versions,
+                       rejections=self.rejections,
                        ranks=self.ranks.world, param_bytes=sharded.local_bytes(self.policy.model),  # rank 0's
                        lease_id=metrics["lease_ids"][0] if metrics["lease_ids"] else None)
         if self.guarded:  # the candidate waits for the guard; a rejected one is undone
@@ -202,6 +218,18 @@ class Trainer:
         self.log(metrics)
         return metrics
 
+    def say_what_it_learned_from(self, metrics: dict[str, Any]) -> None:
+        """Failures that would otherwise be silent, counted per version (`no_signal`: samples with
+        neither a reward nor a hint to train on; `kl_silent`: a KL term configured but exactly 0) and
+        said in the log when the version trained from little that is useful."""
+        metrics["no_signal"] = metrics["samples"] - metrics["usable"]
+        metrics["kl_silent"] = float(self.tc.kl_coef > 0 and metrics["kl"] == 0.0)
+        if metrics["usable"] < 0.25 * metrics["samples"] or metrics["kl_silent"]:
+            log.warning("v%d trains on little that is useful: %d of %d samples had a signal (a reward or a hint), "
+                        "%.0f%% of reply tokens an advantage of 0%s", self.version, metrics["usable"],
+                        metrics["samples"], 100 * metrics["adv_zero_frac"],
+                        "; the KL term is configured but 0" if metrics["kl_silent"] else "")
+
     def take(self) -> list[TrainSample] | None:
         """Rank 0: lease what is due and load it (None: nothing to do yet)."""
         wanted = self.ready()
@@ -211,7 +239,7 @@ class Trainer:
         lease = self.pool.lease(wanted, current_version=self.weights_of, tenant=self.tenant)
         return self.load(lease)
 
-    # ---- the guard's verdicts ------------------------------------------------------------------
+    # ---- persistence (the guard's side: `guarded.GuardSide`) -------------------------------------
     def save(self, lease_ids: list[str] | tuple[str, ...] = (), whole: tuple[dict, dict] | None = None) -> None:
         """Rank 0 writes the checkpoint: every rank holds the same state, or (sharded) `whole` is
         what `sharded.gather` collected from all of them."""
@@ -220,87 +248,8 @@ class Trainer:
         checkpoint.save(checkpoint.path_of(self.root, self.tenant), self.policy, self.optimizer,
                         {"step": self.step_count, "version": self.version, "lease_ids": list(lease_ids),
                          "promoted": self.promoted, "rollbacks": self.rollbacks,
-                         "reward_baseline": self.reward_baseline, "weights_of": self.weights_of}, whole)
-
-    def keep_promoted(self, candidate: bool = False) -> None:
-        """The current state is the incumbent's: what a rejected version rolls back to. `candidate`:
-        the state of the newest version, undecided, kept in case the guard promotes it later."""
-        if not self.ranks.lead:
-            return
-        path = (guarded.candidate_path(self.root, self.tenant, self.version) if candidate
-                else guarded.promoted_path(self.root, self.tenant))
-        checkpoint.save(path, self.policy, self.optimizer,
-                        {"step": self.step_count, "version": self.version if candidate else self.promoted})
-
-    def adopt_late_verdicts(self) -> None:
-        """A version the guard promoted after the trainer stopped waiting is the incumbent now."""
-        late = self.ranks.broadcast(guarded.adopt_late(self.root, self.tenant, self.adapter_root, self.adapter,
-                                                       self.promoted, self.tc.keep_versions)
-                                    if self.ranks.lead else None)
-        if late is not None:
-            self.promoted = late
-            self.save()
-
-    def restore_promoted(self) -> None:
-        state = checkpoint.load(guarded.promoted_path(self.root, self.tenant), self.policy, self.optimizer)
-        if state is None:
-            raise RuntimeError("no promoted checkpoint to roll back to")
-
-    def await_verdict(self, stop: Any = None) -> dict[str, Any]:
-        """Wait for the guard's verdict on the version just published: promoted, it becomes the
-        incumbent; rejected, the policy and optimizer go back to the incumbent's state."""
-        verdict = self.ranks.broadcast(
-            guarded.wait_for_verdict(self.adapter_root, self.adapter, self.version, self.config.guard.decision_timeout_s,
-                                     self.tc.poll_s, stop) if self.ranks.lead else None)
-        return self.apply_verdict(verdict)
-
-    def apply_verdict(self, verdict: dict[str, Any] | None) -> dict[str, Any]:
-        """Act on the guard's verdict on the newest version (None: undecided, training goes on)."""
-        status = verdict["status"] if verdict else "undecided"
-        if status == "promoted":
-            self.promoted = self.version
-            self.keep_promoted()
-            self.save()
-        elif status == "rejected":
-            self.adopt_late_verdicts()  # an earlier version promoted meanwhile is what to go back to
-            self.restore_promoted()
-            self.weights_of = self.promoted
-            self.save()
-            log.warning("v%d rejected by the guard (%s); training on from v%d", self.version, verdict["reason"],
-                        self.promoted)
-        else:
-            self.keep_promoted(candidate=True)
-        return {"verdict": status, "promoted": self.promoted}
-
-    def apply_rollback(self) -> None:
-        """An admin's `clawr1 rollback N` (the adapter's `CONTROL`): train on from version N."""
-        request = self.ranks.broadcast(adapters.control(self.adapter_root, self.adapter).get("rollback")
-                                       if self.ranks.lead else None)
-        if not request or request.get("id") in self.rollbacks:
-            return
-        to = int(request["to"])
-        self.accumulated = None  # a version in the making is dropped: its leases expire and come back
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.guarded and to == self.promoted:
-            self.restore_promoted()
-        elif to == self.weights_of and not self.guarded:
-            pass  # the version it holds (the guard off: the newest): only the version in the making goes
-        elif to == 0:
-            guarded.zero_adapter(self.policy)
-            self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=self.tc.lr,
-                                               weight_decay=self.tc.weight_decay)
-        else:  # an older version: its weights are on disk, its optimizer moments are not
-            guarded.load_published(self.policy, adapters.version_dir(self.adapter_root, self.adapter, to), self.adapter)
-            self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=self.tc.lr,
-                                               weight_decay=self.tc.weight_decay)
-        self.promoted = self.weights_of = to
-        self.rollbacks.append(request["id"])
-        if self.guarded:
-            self.keep_promoted()
-            if self.ranks.lead:
-                guarded.drop_candidates(self.root, self.tenant)
-        self.save()
-        log.warning("rolled back to v%d by an admin; the next version is v%d", to, self.version + 1)
+                         "reward_baseline": self.reward_baseline, "weights_of": self.weights_of,
+                         "rejections": self.rejections}, whole)
 
     def load(self, lease: Any) -> list[TrainSample]:
         samples = load_samples(self.pool, lease)
@@ -329,11 +278,22 @@ class Trainer:
             busiest = self.ranks.most(len(passes)) if self.sharded else len(passes)
             for index in passes:
                 t0 = time.perf_counter()
-                m = prepare(self.policy, [own[i] for i in index], self.tc, rl[[mine[i] for i in index]])
-                t1 = time.perf_counter()
+                try:
+                    m = prepare(self.policy, [own[i] for i in index], self.tc, rl[[mine[i] for i in index]])
+                    t1 = time.perf_counter()
+                    if m.stats["tokens"]:
+                        loss, stats = self.loss(m)
+                        (loss * m.stats["tokens"]).backward()
+                except torch.OutOfMemoryError as exc:
+                    if self.ranks.world > 1:  # the others wait in a collective: the group restarts, and
+                        raise  # the lease's expiry counts against its samples (`pool.max_lease_attempts`)
+                    why = f"out of memory: {str(exc).splitlines()[0]}"
+                    del exc  # (its traceback holds the pass's tensors)
+                    # (a relabelled row's own id names no lease: its sample's does)
+                    suspects = {own[i].step.step_id.removesuffix(":relabelled") for i in index}
+                    self.give_back(acc.samples + samples, suspects, why)
+                    return None
                 if m.stats["tokens"]:
-                    loss, stats = self.loss(m)
-                    (loss * m.stats["tokens"]).backward()
                     acc.count({key: stats.pop(key) for key in HINTED_SUMS if key in stats})
                     acc.add(stats, m.stats["tokens"])
                 elif self.sharded:
@@ -358,6 +318,9 @@ class Trainer:
             return {**acc.metrics(), "step": self.step_count}
         t = time.perf_counter()
         lr, grad_norm = self.optimizer_step(acc.tokens)
+        if not math.isfinite(grad_norm):  # nothing moved: the leases go back, the culprit to be found out
+            self.give_back(acc.samples, {s.step.step_id for s in acc.samples}, f"gradient norm {grad_norm}")
+            return None
         later = [self.epoch(acc) for _ in range(self.tc.epochs - 1)]  # PPO's further passes over the batch
         acc.train_s += time.perf_counter() - t
         return {"step": self.step_count, **acc.metrics(), "grad_norm": grad_norm, "lr": lr,
@@ -367,16 +330,26 @@ class Trainer:
 
     def optimizer_step(self, tokens: float) -> tuple[float, float]:
         """Step on the gradients kept (every rank's, summed) as their token mean over `tokens`.
-        Returns the learning rate and the gradient norm before clipping."""
+        Returns the learning rate and the gradient norm before clipping; a norm that is not finite
+        skips the step (counted as `nonfinite_steps`, logged)."""
         # Counted on the optimizer's own steps: a reset to a fresh optimizer (a rollback to the
-        # base) warms up again, as its first Adam step moves every parameter by the full lr.
-        lr = scheduled_lr(self.tc, optimizer_steps(self.optimizer) + 1)
+        # base) warms up again, as its first Adam step moves every parameter by the full lr. After
+        # rejected candidates in a row, smaller (`trainer.reject_backoff`): see `apply_verdict`.
+        lr = scheduled_lr(self.tc, optimizer_steps(self.optimizer) + 1) * self.tc.reject_backoff ** self.rejections
         self.ranks.sum_gradients(self.policy.parameters())  # the sum over every rank's samples, on each
         for param in self.policy.parameters():
             if param.grad is not None:
                 param.grad.div_(tokens)
         grad_norm = (sharded.clip_gradients(self.policy.parameters(), self.tc.grad_clip) if self.sharded
                      else float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.tc.grad_clip)))
+        if not math.isfinite(grad_norm):  # (every rank sees the same summed norm: all skip alike)
+            # One NaN in the gradients makes every weight NaN after the step: a broken version
+            # published (with the guard off, served) and trained on for good. So no step.
+            self.optimizer.zero_grad(set_to_none=True)
+            self.nonfinite_steps += 1
+            log.warning("gradient norm %s: optimizer step skipped, weights unchanged (%d such steps so far)",
+                        grad_norm, self.nonfinite_steps)
+            return lr, grad_norm
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
@@ -423,7 +396,8 @@ class Trainer:
         logp, entropies, kls, kl_teacher, logp_stop, base_logp = self.policy.stats(
             m.rows, m.mask, reference=reference, teacher=m.teacher, teacher_head=m.teacher_head,
             stop=m.stop_teacher is not None)
-        loss, stats = ppo_loss(logp, m.behaviour, m.advantage, m.mask, self.tc.eps_low, self.tc.eps_high)
+        loss, stats = ppo_loss(logp, m.behaviour, m.advantage, m.mask, self.tc.eps_low, self.tc.eps_high,
+                               self.tc.dual_clip)
         if m.distill is not None:  # `opd_estimator = "full"`: OPD as the KL to the hinted teacher itself
             weight = self.tc.w_opd if self.tc.method == "combine" else 1.0
             loss = loss + weight * (kl_teacher * m.distill).sum() / m.mask.sum().clamp(min=1)
@@ -454,6 +428,22 @@ class Trainer:
                 loss = loss + self.tc.kl_coef * kl
         metrics.update(loss=loss.item(), kl=kl.item())
         return loss, metrics
+
+    def give_back(self, samples: list[TrainSample], suspects: set[str], why: str) -> None:
+        """The version in the making failed (`why`: out of memory, a non-finite gradient): its
+        gradients are dropped and its leases given back at once, each of `suspects` (step ids)
+        counting a failed attempt; one that keeps failing is dropped as `poison` by the pool
+        (`pool.max_lease_attempts`), so the trainer lives on and no sample fails forever."""
+        self.accumulated = None
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.policy.device.type == "cuda":
+            torch.cuda.empty_cache()  # what the failed pass held goes back to the device
+        self.failed_versions += 1
+        leases = list(dict.fromkeys(s.lease_id for s in samples if s.lease_id))
+        log.warning("training failed (%s): %d lease(s) given back, %d sample(s) charged an attempt (%d failed so far)",
+                    why, len(leases), len(suspects), self.failed_versions)
+        for lease_id in leases if self.ranks.lead else ():
+            self.pool.release(lease_id, dict.fromkeys(suspects, why))
 
     def empty_pass(self) -> None:
         """A forward/backward through the sharded layers that adds nothing to the gradients: a rank

@@ -19,6 +19,10 @@ from typing import Any
 import torch
 
 CHUNK_ELEMENTS = 1 << 24  # positions x vocabulary per chunk of the vocabulary sums (64 MB of float32)
+# The largest log-ratio the sampled-token terms exponentiate: exp(20) ~ 5e8, far from float32's
+# overflow at exp(88.7), past which one token's inf (or inf * 0 on a masked one) made the loss NaN.
+# Past it PPO's clips (ratio > 1 + eps_high, or the dual clip) already hold the gradient at zero.
+MAX_LOG_RATIO = 20.0
 
 
 def grpo_normalise(rewards: torch.Tensor, groups: list[str], eps: float = 1e-6) -> torch.Tensor:
@@ -78,20 +82,24 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def ppo_loss(logp: torch.Tensor, behaviour: torch.Tensor, advantage: torch.Tensor, mask: torch.Tensor,
-             eps_low: float, eps_high: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO's clipped surrogate with the importance ratio pi_theta / pi_behaviour per token.
+             eps_low: float, eps_high: float, dual_clip: float = 3.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO's clipped surrogate with the importance ratio pi_theta / pi_behaviour per token, and the
+    dual clip (Ye et al. 2020) for negative advantages: there min(r A, clip(r) A) falls without
+    bound as r grows (a token the learner now likes far more than the sampler did), so the
+    objective is held at `dual_clip * A` or above, with no gradient past it.
 
     The behaviour logprobs are the ones the engine stored when it sampled, so the ratio corrects
     for the policy having moved since (off-policy samples within the staleness bound).
-    Returns the loss and stats: mean ratio, clip fraction (tokens where the clip was binding).
+    Returns the loss and stats: mean ratio, clip fraction (tokens where either clip was binding).
     """
-    ratio = torch.exp(logp - behaviour)
+    ratio = torch.exp((logp - behaviour).clamp(max=MAX_LOG_RATIO))
     unclipped = ratio * advantage
     clipped = ratio.clamp(1 - eps_low, 1 + eps_high) * advantage
     objective = torch.minimum(unclipped, clipped)
+    objective = torch.where(advantage < 0, torch.maximum(objective, dual_clip * advantage), objective)
     loss = -masked_mean(objective, mask)
     with torch.no_grad():
-        binding = (clipped < unclipped).float()
+        binding = (objective != unclipped).float()
         stats = {"ratio": masked_mean(ratio, mask), "clip_frac": masked_mean(binding, mask)}
     return loss, stats
 
@@ -101,8 +109,11 @@ def kl_to_reference(logp: torch.Tensor, reference: torch.Tensor, mask: torch.Ten
     non-negative, unbiased, and low-variance (Schulman's approximation).
 
     With the roles swapped, `kl_to_reference(behaviour, logp, mask)` estimates KL(sampler || learner)
-    on the tokens the sampler drew: the sampler-vs-learner mismatch."""
-    d = reference - logp
+    on the tokens the sampler drew: the sampler-vs-learner mismatch.
+
+    d is clamped to +-`MAX_LOG_RATIO` (as verl's `low_var_kl`): exp(d) overflows float32 past 88.7,
+    and a token the policy all but ruled out (a masked padding position included) made it inf."""
+    d = (reference - logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     return masked_mean(torch.exp(d) - d - 1, mask)
 
 

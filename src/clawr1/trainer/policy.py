@@ -30,7 +30,7 @@ from clawr1.core.records import POLICY
 from clawr1.engine.chat import ChatFormat
 from clawr1.engine.frontend import end_of_turn_ids
 from clawr1.engine.tokenizer import load_tokenizer
-from clawr1.trainer.head import head_logprobs, head_stats
+from clawr1.trainer.head import Cut, head_logprobs, head_stats
 
 ADAPTER = POLICY  # the shared adapter's name (per tenant: `adapter_name(tenant)`)
 
@@ -46,13 +46,23 @@ class Rows:
     mask: torch.Tensor
     temperature: torch.Tensor
     keep: int  # logits kept = K + 1 (the last one predicts past the end and is dropped)
+    cuts: list[tuple[int, float]] | None = None  # per row: the (top_k, top_p) its reply was sampled with
 
     def to(self, device: torch.device) -> Rows:
         return Rows(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.position_ids, self.targets,
-                                               self.mask, self.temperature)), self.keep)
+                                               self.mask, self.temperature)), self.keep, self.cuts)
+
+    def cut_at(self, where: torch.Tensor) -> Cut | None:
+        """The (top_k, top_p) of each position of `where` [B, K] (True at the positions picked, in
+        row-major order, as `tensor[where]` picks them); None when every row was sampled uncut."""
+        if self.cuts is None or all(k <= 0 and p >= 1.0 for k, p in self.cuts):
+            return None
+        rows = where.nonzero()[:, 0].tolist()
+        return [self.cuts[r][0] for r in rows], [self.cuts[r][1] for r in rows]
 
 
-def pack(prompts: list[list[int]], replies: list[list[int]], temperatures: list[float], pad_id: int) -> Rows:
+def pack(prompts: list[list[int]], replies: list[list[int]], temperatures: list[float], pad_id: int,
+         cuts: list[tuple[int, float]] | None = None) -> Rows:
     lengths = [len(p) + len(r) for p, r in zip(prompts, replies, strict=True)]
     width, k = max(lengths), max(len(r) for r in replies)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
@@ -66,7 +76,7 @@ def pack(prompts: list[list[int]], replies: list[list[int]], temperatures: list[
             targets[i, k - len(r):] = torch.tensor(r)
             mask[i, k - len(r):] = 1
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    return Rows(ids, attention, positions, targets, mask, torch.tensor(temperatures, dtype=torch.float32), k + 1)
+    return Rows(ids, attention, positions, targets, mask, torch.tensor(temperatures, dtype=torch.float32), k + 1, cuts)
 
 
 class Policy:
@@ -101,9 +111,6 @@ class Policy:
             if config.kl_coef > 0 or config.teacher == "base":
                 self._reference = copy.deepcopy(base).eval().requires_grad_(False)
         else:
-            if "lm_head" in config.lora_targets:
-                raise ValueError("trainer.lora_targets: LoRA on lm_head is not supported (the head is fused "
-                                 "with the log-softmax); the decoder's layers are")
             self.lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha,
                                    target_modules=config.lora_targets, lora_dropout=0.0, bias="none",
                                    task_type="CAUSAL_LM")
@@ -209,7 +216,8 @@ class Policy:
         rows = rows.to(self.device)
         inv_t = (1.0 / rows.temperature)[:, None].expand(where.shape)[where]
         outs = head_stats(hidden, self.head, rows.targets[where], inv_t, ref, ref_head,
-                          None if teacher is None else teacher[where], teacher_head, self._stop_ids() if stop else None)
+                          None if teacher is None else teacher[where], teacher_head, self._stop_ids() if stop else None,
+                          rows.cut_at(where))
         return tuple(torch.zeros(where.shape, device=self.device).masked_scatter(where, o) for o in outs)
 
     @torch.no_grad()
@@ -230,7 +238,8 @@ class Policy:
         hidden = self.hidden(rows)[where]
         rows = rows.to(self.device)
         inv_t = (1.0 / rows.temperature)[:, None].expand(where.shape)[where]
-        outs = head_logprobs(hidden, self.head, rows.targets[where], inv_t, self._stop_ids() if stop else None)
+        outs = head_logprobs(hidden, self.head, rows.targets[where], inv_t, self._stop_ids() if stop else None,
+                             rows.cut_at(where))
         return [torch.zeros(where.shape, device=self.device).masked_scatter(where, out) for out in outs]
 
     def _stop_ids(self) -> torch.Tensor:
@@ -317,8 +326,9 @@ def placement(config: TrainerConfig) -> tuple[torch.device, torch.dtype]:
         raise ValueError("trainer.device = \"mps\" but this torch sees no MPS device")
     device = torch.device(name)
     dtype = config.dtype
-    if dtype == "auto":
-        dtype = "bfloat16" if device.type == "cuda" and config.finetune == "lora" else "float32"
+    if dtype == "auto":  # bfloat16 where the card computes in it (Ampere on); float32 else
+        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
+        dtype = "bfloat16" if bf16 and config.finetune == "lora" else "float32"
     return device, getattr(torch, dtype)
 
 

@@ -30,6 +30,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from clawr1.core.config import ranks_device_error
+
 ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -46,10 +48,15 @@ class Ranks:
     @classmethod
     def from_env(cls, device: str, timeout_s: float = 600.0) -> Ranks:
         """Join the group `launch` (or torchrun, or a Ray actor) described in the environment;
-        alone without `WORLD_SIZE` > 1. NCCL when the trainer is on CUDA, else gloo."""
+        alone without `WORLD_SIZE` > 1. NCCL when the trainer is on CUDA, else gloo. `timeout_s`:
+        the longest any collective may wait; the others wait in one while rank 0 waits for the
+        guard's verdict, so it must outlast `guard.decision_timeout_s` (`group_timeout`)."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world == 1:
             return cls()
+        error = ranks_device_error(device, world)
+        if error:  # before joining: every rank refuses alone, none waits for the others
+            raise ValueError(error)
         cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -171,3 +178,10 @@ def launch(command: list[str], nproc: int, poll_s: float = 0.5) -> int:
     if failed:
         print(f"trainer ranks exited with {codes}", file=sys.stderr)
     return failed[0] if failed else 0
+
+
+def group_timeout(decision_timeout_s: float) -> float:
+    """A collective's timeout for the trainer's ranks: past the guard's longest wait for a verdict
+    (during which rank 0 is out of the collectives the others wait in), with room to spare, and
+    never under torch's default of 10 minutes."""
+    return max(600.0, decision_timeout_s + 300.0)

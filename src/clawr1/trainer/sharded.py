@@ -1,6 +1,15 @@
 """Full fine-tuning across data-parallel ranks with FSDP2 (`torch.distributed.fsdp.fully_shard`):
 each decoder layer's weights, gradients and AdamW moments are split across the ranks, so a rank
-holds 1/N of them; a layer's weights are gathered for its forward and backward and freed after.
+holds 1/N of them; a layer's weights are gathered for its forward and freed after it, and gathered
+again for its backward. Each layer is its own FSDP root (nothing above it is sharded), and FSDP
+keeps a root's gathered weights from its forward until its backward unless told otherwise
+(`reshard_after_forward=True`, given explicitly): by default every layer stayed gathered through
+the whole forward, and sharding lowered no peak (measured in docs/scale.md).
+
+The optimizer (`adamw`) holds the sharded parameters (DTensors) and the whole ones in two
+parameter groups: AdamW's `foreach` kernels (its default on CUDA) take one group's tensors in one
+call, and refuse a list that mixes DTensors with plain tensors. Checkpoints keep the one-process
+format (one group, parameters in model order): `gather` merges the groups, `scatter` splits them.
 
 What stays whole on every rank: the embeddings, the final norm and the LM head (tied to the
 embeddings in SmolLM2 and Qwen). The fused head (`head.py`) reads the head's weight outside any
@@ -45,7 +54,8 @@ def shard(model: Any) -> int:
     if layers is None:
         raise ValueError(f"{type(model).__name__}: no decoder `layers` to shard (FSDP2 needs the layer list)")
     for layer in layers:
-        fully_shard(layer)
+        # Explicit: left to its default, a root (each layer is one) stays gathered until its backward.
+        fully_shard(layer, reshard_after_forward=True)
         layer.set_gradient_divide_factor(1.0)
         layer.set_force_sum_reduction_for_comms(True)  # gloo has no pre-scaled sum (PREMUL_SUM)
     return len(layers)
@@ -55,6 +65,16 @@ def is_sharded(model: Any) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
+def adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float,
+          foreach: bool | None = None) -> torch.optim.AdamW:
+    """AdamW over `params` (in model order), the sharded ones (DTensors) in a group of their own
+    before the whole ones: `foreach` (None: torch's choice, `True` on CUDA) runs one group at a
+    time and cannot mix the two kinds. Unsharded, one group, as always."""
+    split = [[p for p in params if isinstance(p, DTensor)], [p for p in params if not isinstance(p, DTensor)]]
+    groups = [{"params": group} for group in split if group]
+    return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, foreach=foreach)
+
+
 def local_bytes(model: Any) -> int:
     """Bytes of the parameters this rank holds (its shards, plus what is replicated)."""
     return sum((p.to_local() if isinstance(p, DTensor) else p).nbytes for p in model.parameters())
@@ -62,8 +82,8 @@ def local_bytes(model: Any) -> int:
 
 def gather(model: Any, optimizer: torch.optim.Optimizer | None = None) -> tuple[dict[str, torch.Tensor], dict]:
     """Collective (every rank calls it): the whole trainable tensors and, with `optimizer`, its
-    state keyed as `optimizer.state_dict()` keys it (parameter indices), on rank 0; empty
-    elsewhere."""
+    state keyed as one process's `optimizer.state_dict()` keys it (one group, parameter indices in
+    model order), on rank 0; empty elsewhere."""
     names = trainable_names(model)
     weights = get_model_state_dict(model, options=GATHERED)
     weights = {n: weights[n] for n in names if n in weights}
@@ -73,8 +93,11 @@ def gather(model: Any, optimizer: torch.optim.Optimizer | None = None) -> tuple[
     if not state:
         return weights, {}
     index = {name: i for i, name in enumerate(names)}
+    # `adamw`'s groups differ only in their parameters: one group of them all, as one process has.
+    hyper = {k: v for k, v in state["param_groups"][0].items() if k != "params"}
     return weights, {"state": {index[n]: s for n, s in state["state"].items()},
-                     "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]}
+                     "param_groups": [{**hyper, "params": sorted(index[n] for g in state["param_groups"]
+                                                                 for n in g["params"])}]}
 
 
 def scatter(model: Any, optimizer: torch.optim.Optimizer, weights: dict[str, torch.Tensor], state: dict) -> None:
@@ -84,9 +107,11 @@ def scatter(model: Any, optimizer: torch.optim.Optimizer, weights: dict[str, tor
     names = trainable_names(model)
     from_lead = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
     set_model_state_dict(model, weights, options=from_lead)
-    by_name = {"state": {names[i]: s for i, s in state["state"].items()},
-               "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]
-               } if state else {}
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    hyper = {k: v for k, v in state["param_groups"][0].items() if k != "params"} if state else {}
+    by_name = {"state": {names[i]: s for i, s in state["state"].items()},  # into `adamw`'s groups
+               "param_groups": [{**hyper, "params": [name_of[id(p)] for p in g["params"]]}
+                                for g in optimizer.param_groups]} if state else {}
     set_optimizer_state_dict(model, optimizer, by_name, options=from_lead)
 
 

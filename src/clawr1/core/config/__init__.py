@@ -20,11 +20,11 @@ from clawr1.core.config.engine import EngineConfig
 from clawr1.core.config.gateway import GatewayConfig, TenantsConfig
 from clawr1.core.config.pool import PoolConfig
 from clawr1.core.config.reward import GuardConfig, RewardConfig
-from clawr1.core.config.trainer import TinkerConfig, TrainerConfig
+from clawr1.core.config.trainer import TinkerConfig, TrainerConfig, ranks_device_error
 
 __all__ = ["EMBEDDED_MODEL", "SECRET_FIELDS", "TENANT_NAME", "Config", "EngineConfig", "EnvsConfig", "GatewayConfig",
            "GuardConfig", "PoolConfig", "RayConfig", "RewardConfig", "TenantsConfig", "TinkerConfig", "TrainerConfig",
-           "apply_override", "default_data_dir", "load_config", "public_dump", "to_toml"]
+           "apply_override", "default_data_dir", "load_config", "public_dump", "ranks_device_error", "to_toml"]
 
 
 class Config(_Section):
@@ -74,6 +74,9 @@ class Config(_Section):
         if self.trainer.finetune == "full" and self.engine.backend == "vllm":
             raise ValueError("trainer.finetune = \"full\" needs an engine that reloads weights from disk "
                              "(local or sglang); vLLM takes them only through its NCCL/IPC weight transfer")
+        error = ranks_device_error(self.trainer.device, self.ray.trainer_ranks)
+        if error:
+            raise ValueError(error)
         remote = self.trainer.backend == "tinker"
         if (remote or self.engine.backend == "tinker") and not self.tinker.base_model:
             raise ValueError("a tinker backend needs tinker.base_model (the service's name of the base model)")

@@ -75,6 +75,17 @@ class EngineConfig(_Section):
     max_context: int = Field(0, ge=0, le=1_048_576)
     """Context window in tokens (prompt + completion); 0 = the model's own."""
 
+    temperature: float | None = Field(None, ge=0, le=2)
+    """Sampling temperature of a request that names none; unset = the model's recommended one (its
+    `generation_config.json`, as vLLM applies it: Qwen2.5 0.7, SmolLM2 0.2), else 1."""
+
+    top_p: float | None = Field(None, gt=0, le=1)
+    """Nucleus of a request that names none; unset = the model's recommended one, else 1 (uncut)."""
+
+    top_k: int | None = Field(None, ge=0, le=1_000_000)
+    """The most likely tokens a request that sends none samples among (0 = all; OpenAI's API has
+    no such field, vLLM's does); unset = the model's recommended one, else 0."""
+
     default_max_tokens: int = Field(256, ge=1, le=1_048_576)
     """Completion length when a request names none."""
 

@@ -70,6 +70,23 @@ class GatewayConfig(_Section):
     """Requests being served or recorded at once; beyond it new requests get 429, so a slow pool
     never makes the gateway lose data silently."""
 
+    tenant_share: float = Field(0.5, gt=0, le=1)
+    """Most of `max_pending` one tenant may hold at once when the gateway serves named tenants
+    (`tenants.keys`); past it that tenant's requests get 429 while the others still find room, so
+    no tenant (a burst, streams nobody reads) takes every slot. 1: no per-tenant bound. With k
+    tenants that may all be greedy at once, 1/(k+1) keeps room for one more."""
+
+    send_timeout_s: float = Field(30.0, gt=0, le=3600)
+    """Longest one write of a reply may wait for the client to take it (a stream nobody reads fills
+    the socket's buffers, and the next write waits); past it, or past the request's deadline
+    (`request_timeout_s`) while it waits, the client is taken as gone: the work is cancelled, the
+    step stored as `aborted`, and its admission slot freed."""
+
+    auth_failures_per_minute: int = Field(30, ge=1, le=1_000_000)
+    """Failed key checks (an unknown agent or session key, a wrong admin key or dashboard sign-in)
+    one client address may make in a minute; past them every request from that address gets 429
+    until the minute is over, whatever key it carries."""
+
     keepalive_s: float = Field(2.0, gt=0, le=60)
     """While a streaming request waits for the engine, an empty-delta chunk is sent this often so
     clients with idle timeouts (OpenClaw) do not abort."""

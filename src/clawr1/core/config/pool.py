@@ -44,6 +44,13 @@ class PoolConfig(_Section):
     """How long a trainer holds leased samples; unacknowledged samples return to READY after it,
     so a trainer crash loses nothing and nothing is consumed twice."""
 
+    max_lease_attempts: int = Field(3, ge=1, le=1000)
+    """How many times a sample's training may fail (its lease expired unacknowledged, or the
+    trainer gave it back: out of memory, a non-finite gradient) before it is dropped as `poison`
+    (`clawr1 pool stats` and the dashboard count it among the drop reasons; each failure is an
+    event of its session, with why). Without a limit, a sample that kills the trainer came back
+    after every restart and killed it again."""
+
     max_staleness: int = Field(4, ge=0, le=1_000_000)
     """Default bound on how many policy versions a leased sample may lag the trainer's version."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from clawr1.core.config._base import _Section
 
@@ -74,6 +74,12 @@ class GuardConfig(_Section):
     probes: int = Field(12, ge=8, le=256)
     """Held-out requests a candidate answers (at least 8: the base's normal range needs them)."""
 
+    everyday_probes: int = Field(4, ge=0, le=16)
+    """Of the `probes`, how many are built-in everyday requests (in the context of the traffic's
+    system prompt) rather than held-out traffic: a version that learned the users' questions may
+    still have broken on others (refusals, another language, answers that no longer fit), which
+    probes drawn from the same traffic do not ask."""
+
     probe_max_tokens: int = Field(64, ge=8, le=4096)
     """Reply length cap of a probe (the traffic's own cap when that is smaller)."""
 
@@ -95,6 +101,12 @@ class GuardConfig(_Section):
     max_kl: float = Field(1.0, gt=0, le=100)
     """Reject when the mean per-token KL of the candidate's probe replies from the base model is
     above this (nats per token)."""
+
+    @model_validator(mode="after")
+    def _room_for_traffic(self) -> GuardConfig:
+        if self.probes - self.everyday_probes < 4:
+            raise ValueError("guard.everyday_probes leaves fewer than 4 of guard.probes for held-out traffic")
+        return self
 
     decision_timeout_s: float = Field(300.0, gt=0, le=86_400)
     """How long the trainer waits for the verdict on a version it published before training on

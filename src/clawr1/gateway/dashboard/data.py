@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 # Trainer metrics shown per version (its row has more: see `clawr1/trainer/loop.py`).
 TRAINED_FIELDS = ("loss", "reward_mean", "hint_rate", "clip_frac", "kl", "grad_norm", "tokens_per_s", "total_s",
+                  "samples", "no_signal", "kl_silent",
                   "entropy", "kl_base", "sampler_kl", "verdict")
 # The guard's verdict on each version, with the probe quality it was judged on (`engine/adapters.py`).
 GUARD_FIELDS = ("status", "reason", "sane_rate", "relevance", "fluency", "kl", "entropy")
@@ -105,6 +106,7 @@ def summary(gw: Gateway, tenant: str | None = None, *,
         "tenants": [DEFAULT_TENANT, *sorted(gw.config.tenants.keys)],
         "adapter": adapter,
         "served_version": gw.served_version(served_to),
+        "rejected_in_a_row": gw.guard.rejected_in_a_row.get(adapter, 0) if gw.guard is not None else 0,
         "gateway": {"inflight": gw.pending, "pending_writes": pool.pending_writes(),
                     "turns_by_how": gw.sessions.turns_by_how(tenant),
                     "swaps": [{"at": at, "adapter": name, "version": v, "load_s": s}

@@ -29,6 +29,7 @@ from clawr1.engine import adapters as store
 from clawr1.gateway import browsers
 from clawr1.gateway.dashboard import data, views
 from clawr1.gateway.errors import APIError
+from clawr1.gateway.service import client_of
 
 router = APIRouter()
 COOKIE = "clawr1_dashboard"
@@ -117,11 +118,18 @@ async def login(request: Request) -> Response:
     if admin is None:  # nothing to sign in to: open, or disabled
         kind = access(request)
         return _refused(kind) if kind == "disabled" else RedirectResponse("/dashboard", 303)
+    gateway, client = request.app.state.gateway, client_of(request)
+    if gateway.throttle.blocked:  # guessing the admin key here costs what guessing it anywhere does
+        try:
+            gateway.throttle.check(client)
+        except APIError as exc:
+            return _html(views.login_page(exc.message), 429)
     raw = await request.body()
     if len(raw) > 4096:
         return _html(views.login_page("that form was too large"), 413)
     key = parse_qs(raw.decode("utf-8", "replace")).get("key", [""])[0]
     if not hmac.compare_digest(key.encode(), admin.encode()):
+        gateway.throttle.failed(client)
         return _html(views.login_page("that is not the admin key"), 401)
     response = RedirectResponse("/dashboard", 303)
     response.set_cookie(COOKIE, cookie_token(admin), httponly=True, samesite="strict", path="/dashboard",

@@ -85,8 +85,10 @@ def overview(s: dict[str, Any]) -> str:
         said = (f'; last: v{last["version"]} {escape(last["probe_status"])} ({escape(last["probe_reason"])})'
                 if last else "")
         pinned = (s.get("control") or {}).get("pinned")
+        in_a_row = s.get("rejected_in_a_row") or 0
         cards += (f'<p class="note">guard: {decided.count("promoted")} promoted, {decided.count("rejected")} rejected'
-                  f'{said}{f"; pinned to v{pinned}" if pinned is not None else ""}</p>')
+                  f'{said}{f"; pinned to v{pinned}" if pinned is not None else ""}'
+                  + (f'; <b>{in_a_row} rejected in a row</b>' if in_a_row >= 3 else "") + '</p>')
     how = gw["turns_by_how"]
     if how:
         cards += ('<p class="note">sessions found by: ' + ", ".join(f"{escape(k)} {n}" for k, n in how.items())
@@ -141,12 +143,14 @@ def versions(s: dict[str, Any]) -> str:
                      f"{escape(status)}</span>",
                      _n(r["probe_sane_rate"], ".2f"), _n(r["probe_relevance"], ".2f"), _n(r["probe_fluency"], ".2f"),
                      f'<span class="{"runaway" if runaway else ""}">{_n(r["probe_kl"], ".3g")}</span>',
-                     _n(r["entropy"], ".3g"), _t(r["published_at"]), _n(r["trained_on"]), _n(r["loss"], "+.4f"),
+                     _n(r["entropy"], ".3g"), _t(r["published_at"]), _n(r["trained_on"]),
+                     f'<span class="{"runaway" if r["no_signal"] else ""}">{_n(r["no_signal"])}</span>'
+                     + (' <span class="runaway">KL off</span>' if r["kl_silent"] else ""), _n(r["loss"], "+.4f"),
                      _reward(r["reward_mean"]), _n(r["hint_rate"], ".0%"), _n(r["clip_frac"], ".2f"),
                      str(r["turns"]), _reward(r["mean_reward"]), _n(r["preference_score"], ".2f"),
                      _n(r["latency_s"], ".1f", " s"), _t(r["first_served_at"]), _actions(s, r["version"])])
     return _table(["version", "guard", "probe sane", "relevance", "fluency", "probe KL", "entropy", "published",
-                   "trained on", "loss", "batch reward", "hints", "clip", "turns served", "reward", "preference",
+                   "trained on", "no signal", "loss", "batch reward", "hints", "clip", "turns served", "reward", "preference",
                    "feedback→serving", "first served", ""], rows, "no versions yet", "numbers")
 
 
