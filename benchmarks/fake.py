@@ -111,12 +111,11 @@ class FakeEngine:
     def generate(self, prompt_ids: list[int], sampling: SamplingParams, adapter: str | None = None,
                  affinity: str | None = None) -> FakeStream:
         version = self._adapters.get(adapter, 0) if adapter else self.version
-        gen = Generation(prompt_ids=list(prompt_ids), adapter=adapter, version=version,
-                         temperature=sampling.scoring_temperature)
+        gen = Generation(prompt_ids=list(prompt_ids), adapter=adapter, version=version, **sampling.recorded)
         return FakeStream(gen, sampling.max_tokens)
 
     async def score(self, prompt_ids: list[int], completion_ids: list[int], adapter: str | None = None,
-                    temperature: float = 1.0) -> list[float]:
+                    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> list[float]:
         return [-0.5] * len(completion_ids)
 
     async def load_adapter(self, name: str, path: Path) -> int:

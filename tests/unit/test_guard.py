@@ -447,16 +447,16 @@ def test_probes_need_a_user_message_and_are_sampled_at_temperature_one_on_a_serv
     def step(step_id, messages):
         return Step(step_id=step_id, tenant="default", session_id="s", prompt_id="p", turn_index=0, turn_type="main",
                     messages=messages, tools=None, prompt_ids=[1, 2], token_ids=[3], logprobs=[-1.0], text="x",
-                    policy_version=0, adapter=None, finish_reason="stop", temperature=0.7)
+                    policy_version=0, adapter=None, finish_reason="stop", temperature=0.7, top_p=0.8, top_k=20)
 
     held = probes_of([step("a", [{"role": "system", "content": "You are an agent."}]),
                       step("b", [{"role": "user", "content": "hi"}])], 16)
     assert [p.step_id for p in held] == ["b"]
 
-    sampled: list[float] = []
+    sampled: list[tuple[float, float, int]] = []
 
     async def ask(engine, pool, probes, adapter, tenant, label):
-        sampled.extend(p.temperature for p in probes)
+        sampled.extend((p.temperature, p.top_p, p.top_k) for p in probes)
         return []
 
     class Meter:
@@ -469,14 +469,15 @@ def test_probes_need_a_user_message_and_are_sampled_at_temperature_one_on_a_serv
     monkeypatch.setattr(module, "ask", ask)
     monkeypatch.setattr(module, "replies_of", lambda probes, gens: [])
     monkeypatch.setattr(module, "summarize", lambda measured, calibration: types.SimpleNamespace(sane_rate=1.0))
-    for engine, expected in ((types.SimpleNamespace(scores_at_temperature_one_only=True), 1.0),
-                             (types.SimpleNamespace(), 0.7)):
+    # A server scores at temperature 1, uncut; the local engine as the turn was sampled.
+    for engine, expected in ((types.SimpleNamespace(scores_at_temperature_one_only=True), (1.0, 1.0, 0)),
+                             (types.SimpleNamespace(), (0.7, 0.8, 20))):
         sampled.clear()
         gw = types.SimpleNamespace(config=Config(data_dir=str(tmp_path)), per_tenant=False, engine=engine, pool=None,
                                    swaps=[], quality_meter=meter)
         guard = Guard(gw)
         drawn = asyncio.run(guard._draw(guard._line("policy"), held, 1))
-        assert sampled == [expected] and [p.temperature for p in drawn.probes] == [expected]
+        assert sampled == [expected] and [(p.temperature, p.top_p, p.top_k) for p in drawn.probes] == [expected]
 
 
 def test_the_kl_bound_holds_when_a_probe_reply_is_empty_and_an_unmeasured_kl_does_not_pass():

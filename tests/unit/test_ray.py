@@ -5,6 +5,7 @@ pool, and the replica comes back (Ray restarts it) serving the current version."
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 import os
@@ -21,7 +22,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from clawr1.core.config import EngineConfig
 from clawr1.datapool import SQLitePool, UnknownStepError
+from clawr1.engine.local import LocalEngine
 from tests.gateway_helpers import free_port, healthy, interrupt, wait_for
 
 pytest.importorskip("ray", reason="pip install ray (a test dependency)")
@@ -82,6 +85,21 @@ def test_two_replicas_route_around_a_killed_one_and_it_comes_back_current(cluste
     try:
         wait_for(lambda: up.poll() is not None or healthy(base), timeout=240, what="clawr1 up --ray to serve")
         assert up.poll() is None, up.stderr.read()[-3000:]
+        # A cut sampling distribution crosses the router: the replica samples it, the step records it,
+        # and its logprobs are that distribution's (scored by a local engine on the same weights).
+        cut = {"temperature": 0.7, "top_k": 5, "top_p": 0.8}
+        reply = httpx.post(f"{base}/v1/chat/completions", timeout=60, headers={"X-Turn-Type": "side"}, json={
+            "model": "m", "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 8, **cut}).json()
+        wait_for(lambda: _stored(data, {reply["id"] + "-0"}), timeout=30, what="the cut step stored")
+        with SQLitePool(data) as pool:
+            [step] = pool.get_steps([reply["id"] + "-0"])
+        assert (step.temperature, step.top_k, step.top_p) == (0.7, 5, 0.8)
+        local = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1))
+        try:
+            scored = asyncio.run(local.score(step.prompt_ids, step.token_ids, None, 0.7, 5, 0.8))
+        finally:
+            asyncio.run(local.close())
+        assert scored == pytest.approx(step.logprobs, abs=1e-3)
         # The loop on actors: corrections and feedback, the trainer actor publishes v1, the router serves it.
         for i in range(2):
             ask(base, "Write me a haiku.", f"fix-{i}")

@@ -72,8 +72,8 @@ class EngineReplica:
             stream.cancel()
 
     async def score(self, prompt_ids: list[int], completion_ids: list[int], adapter: str | None,
-                    temperature: float) -> list[float]:
-        return await self.engine.score(prompt_ids, completion_ids, adapter, temperature)
+                    temperature: float, top_k: int, top_p: float) -> list[float]:
+        return await self.engine.score(prompt_ids, completion_ids, adapter, temperature, top_k, top_p)
 
     async def load_adapter(self, name: str, path: str) -> int:
         return await self.engine.load_adapter(name, Path(path))

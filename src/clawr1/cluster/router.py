@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import itertools
 import logging
@@ -49,8 +50,7 @@ class RouterStream:
                  order: list[int]):
         self.router, self.sampling, self.adapter, self.order = router, sampling, adapter, order
         self.version = router._versions.get(adapter, 0) if adapter else router._weights_version
-        self.gen = Generation(prompt_ids=list(prompt_ids), adapter=adapter, version=self.version,
-                              temperature=sampling.scoring_temperature)
+        self.gen = Generation(prompt_ids=list(prompt_ids), adapter=adapter, version=self.version, **sampling.recorded)
         self.replica: int | None = None
         self._refs: Any = None
         self._done = False
@@ -59,7 +59,8 @@ class RouterStream:
     def _submit(self) -> None:
         self.replica = self.order.pop(0)
         fields = {"max_tokens": self.sampling.max_tokens, "temperature": self.sampling.temperature,
-                  "top_p": self.sampling.top_p, "stop": self.sampling.stop, "seed": self.sampling.seed}
+                  "top_p": self.sampling.top_p, "top_k": self.sampling.top_k, "stop": self.sampling.stop,
+                  "seed": self.sampling.seed}
         actor = self.router.replicas[self.replica]
         self._refs = actor.generate.options(num_returns="streaming").remote(self.gen.prompt_ids, fields, self.adapter)
 
@@ -179,15 +180,15 @@ class RouterEngine(Frontend):
         room = self.room(prompt_ids)
         if adapter is not None and adapter not in self._versions:
             raise UnknownAdapterError(f"no adapter named {adapter!r}", "model")
-        clamped = SamplingParams(max_tokens=min(sampling.max_tokens, room), temperature=sampling.temperature,
-                                 top_p=sampling.top_p, stop=sampling.stop, seed=sampling.seed)
+        clamped = dataclasses.replace(sampling, max_tokens=min(sampling.max_tokens, room))  # every other setting kept
         return RouterStream(self, prompt_ids, clamped, adapter, self.order(affinity))
 
     async def score(self, prompt_ids: list[int], completion_ids: list[int], adapter: str | None = None,
-                    temperature: float = 1.0) -> list[float]:
+                    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> list[float]:
         for index in self.order(None):
             try:
-                return await self.replicas[index].score.remote(prompt_ids, completion_ids, adapter, temperature)
+                return await self.replicas[index].score.remote(prompt_ids, completion_ids, adapter, temperature,
+                                                               top_k, top_p)
             except Exception as error:
                 if not _dead(error):
                     raise

@@ -5,7 +5,7 @@ The pool's records (Step, Sample, ...) are in `records.py`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "tool_calls", "aborted"]
 
@@ -101,14 +101,13 @@ class SamplingParams:
                                       "stop")
 
     @property
-    def scoring_temperature(self) -> float:
-        """The temperature `score` must use to reproduce this sample's logprobs."""
-        return self.temperature if self.temperature > 0 else 1.0
-
-    @property
-    def scoring_cut(self) -> tuple[int, float]:
-        """The (top_k, top_p) `score` must use to reproduce this sample's logprobs: none for greedy."""
-        return (self.top_k, self.top_p) if self.temperature > 0 else (0, 1.0)
+    def recorded(self) -> dict[str, Any]:
+        """What a Generation records of its sampling, the settings `score` must use to reproduce its
+        logprobs: the temperature (1 for greedy: its logprobs are of the unscaled distribution) and
+        the cut (none for greedy)."""
+        if self.temperature > 0:
+            return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+        return {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
 
 
 @dataclass(frozen=True)

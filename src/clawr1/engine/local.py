@@ -121,9 +121,7 @@ class LocalEngine(Frontend):
         loop = asyncio.get_running_loop()
         request = Request(
             prompt_ids=list(prompt_ids), sampling=sampling, key=key,
-            gen=Generation(prompt_ids=list(prompt_ids), adapter=adapter, version=version,
-                           temperature=sampling.scoring_temperature, top_k=sampling.scoring_cut[0],
-                           top_p=sampling.scoring_cut[1]),
+            gen=Generation(prompt_ids=list(prompt_ids), adapter=adapter, version=version, **sampling.recorded),
             loop=loop, out=asyncio.Queue(), generator=torch.Generator().manual_seed(seed),
             advance=Advance(self.tokenizer, self.eos_ids, sampling.stop, min(sampling.max_tokens, room)),
         )

@@ -112,8 +112,7 @@ class RemoteEngine(Frontend, ABC):
         served, version = self._hold(adapter)
         version = version if adapter else self._weights_version
         stream = RemoteStream(Generation(prompt_ids=list(prompt_ids), adapter=adapter, version=version,
-                                         temperature=sampling.scoring_temperature, top_k=sampling.scoring_cut[0],
-                                         top_p=sampling.scoring_cut[1]), sampling,
+                                         **sampling.recorded), sampling,
                               min(sampling.max_tokens, room))
         self._pending += 1
         stream.task = asyncio.ensure_future(self._run(stream, served))

@@ -299,8 +299,8 @@ class Guard:
         self.sets += 1
         if getattr(self.gw.engine, "scores_at_temperature_one_only", False):
             # A vLLM or SGLang server scores the unscaled distribution only, and the meter scores
-            # each reply at the temperature that sampled it: probes are sampled at 1 there.
-            held = [replace(probe, temperature=1.0) for probe in held]
+            # each reply as it was sampled: probes are sampled at 1, uncut, there.
+            held = [replace(probe, temperature=1.0, top_p=1.0, top_k=0) for probe in held]
         gens = await ask(self.gw.engine, self.gw.pool, held, None, self._tenant(line), f"set{self.sets}")
         meter = await self.gw.quality_meter()
         calibration, measured = await meter.calibrate(replies_of(held, gens))
