@@ -14,6 +14,14 @@ cost more than the fake backend). For each target, mode (plain, `stream: true` r
 client count: a warm-up, then `requests` requests (or `seconds`, whichever ends first); p50/p99 per
 request and req/s. Added latency = target minus direct. Afterwards the gateway's pool must hold one
 step per request it answered: the numbers are with recording on, and proven so.
+
+Three rounds by default. In each, every server starts afresh and the targets take turns cell by
+cell (the order reversed every other round), so the cells compared are measured seconds apart and a
+shared machine's slow spells hit them alike: each number is the median of its rounds, and our req/s
+over the pass-through's is taken round by round and printed side by side with its median.
+`--profile N`: afterwards, one more gateway process under cProfile at the most clients, plain then
+streamed, and its N costliest functions by own time (what the rest costs; not counted in the
+numbers: the profiler slows it about twofold).
 """
 
 from __future__ import annotations
@@ -74,10 +82,10 @@ class Server:
             self.proc.send_signal(signal.SIGINT)
             try:
                 self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired as exc:
                 self.proc.kill()
                 self.proc.wait()
-                raise RuntimeError(f"{self.name} did not stop within {timeout:.0f}s; killed. Log: {self.log}")
+                raise RuntimeError(f"{self.name} did not stop within {timeout:.0f}s; killed. Log: {self.log}") from exc
         return self.proc.returncode
 
     def log_tail(self, chars: int = 2000) -> str:
@@ -142,8 +150,9 @@ general_settings:
     return [executable, "--config", str(config), "--host", "127.0.0.1", "--port", "{port}", "--num_workers", "1"]
 
 
-def serve_gateway(config_json: Path, port: int) -> None:
-    """The `gateway` target's process: our app on the fake engine, recording into `config.data_dir`."""
+def serve_gateway(config_json: Path, port: int, profile: Path | None = None) -> None:
+    """The `gateway` target's process: our app on the fake engine, recording into `config.data_dir`.
+    `profile`: serve under cProfile (its event loop thread) and write its stats there at the end."""
     import importlib.util
 
     from benchmarks.fake import FakeEngine
@@ -168,11 +177,20 @@ def serve_gateway(config_json: Path, port: int) -> None:
     app = create_app(FakeEngine(), pool, config)
     tune_gc()  # as `clawr1 serve` does
     server = make_server(app, port=port, loop=loop, http=http, lifespan="on")
+    profiler = None
+    if profile is not None:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
     try:
         server.run()
     except KeyboardInterrupt:
         pass  # uvicorn re-raises the SIGINT that stopped it after a graceful shutdown: the normal end
     finally:
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(profile)
         pool.close()  # commits every queued step before the process exits
 
 
@@ -318,19 +336,21 @@ async def measure(server: Server, stream: bool, concurrency: int, requests: int,
 
 def run(config: Config, console: Console | None = None, requests: int = 2000, concurrency: tuple[int, ...] = (1, 64),
         include_litellm: bool = True, seconds: float = 5.0, durable_both: bool = False,
-        workers: int = 1, fronts: int = 1, rounds: int = 1) -> dict[str, Any]:
+        workers: int = 1, fronts: int = 1, rounds: int = 3, profile: int = 0) -> dict[str, Any]:
     """Run the benchmark, print tables of results, ratios and goals, and return the numbers.
     `durable_both`: also run our gateway with `durable_reply` off, to price the commit-before-reply.
     `workers` > 1: also run it with `gateway.workers = workers` (and `gateway.fronts = fronts`), for
     the scaling. `rounds` > 1: every target is measured that many times, the targets taking turns
-    (so a slow spell of a shared machine hits them alike), and each number is the median of its
-    rounds: on two shared cores one round's CPU a request varies by about 10%."""
+    cell by cell (so a slow spell of a shared machine hits them alike), and each number is the
+    median of its rounds: on two shared cores one round's CPU a request varies by about 10%, and on
+    a loaded machine one round's ratio to the pass-through by half. `profile` > 0: then
+    profile one more gateway process and print its `profile` costliest functions."""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     console = console or Console()
     with tempfile.TemporaryDirectory(prefix="clawr1-bench-gateway-") as tmp:
         numbers = run_loop(_bench(config, console, Path(tmp), requests, tuple(concurrency), include_litellm, seconds,
-                                  durable_both, workers, fronts, rounds))
+                                  durable_both, workers, fronts, rounds, profile))
     _summarise(numbers)
     for table in _tables(numbers):
         console.print(table)
@@ -339,7 +359,7 @@ def run(config: Config, console: Console | None = None, requests: int = 2000, co
 
 async def _bench(config: Config, console: Console, workdir: Path, requests: int, concurrency: tuple[int, ...],
                  include_litellm: bool, seconds: float, durable_both: bool = False, workers: int = 1,
-                 fronts: int = 1, rounds: int = 1) -> dict[str, Any]:
+                 fronts: int = 1, rounds: int = 1, profile: int = 0) -> dict[str, Any]:
     data_dir = workdir / "data"
     config_json = workdir / "config.json"
     config_json.write_text(config.model_copy(update={"data_dir": data_dir}).model_dump_json())
@@ -360,17 +380,15 @@ async def _bench(config: Config, console: Console, workdir: Path, requests: int,
     cells = [(mode, c) for mode in MODES for c in concurrency]
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console, refresh_per_second=4, transient=True)
-    task = progress.add_task("starting", total=(3 + bool(litellm) + durable_both + (workers > 1)) * len(cells) * rounds)
+    task = progress.add_task("starting", total=(3 + bool(litellm) + durable_both + (workers > 1)) * len(cells) * rounds
+                             + (len(MODES) if profile else 0))
     measured: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {}  # target -> mode -> clients -> rounds
 
-    async def bench_target(server: Server) -> None:
-        await wait_ready(server, served, 180)  # LiteLLM needs ~15 s on two cores
-        results = measured.setdefault(server.name, {})
-        for mode, c in cells:
-            progress.update(task, description=f"{server.name}: {mode}, {c} client(s)")
-            cell = await measure(server, mode == "stream", c, requests, seconds, served)
-            results.setdefault(mode, {}).setdefault(str(c), []).append(cell)
-            progress.advance(task)
+    async def bench_cell(server: Server, mode: str, c: int) -> None:
+        progress.update(task, description=f"{server.name}: {mode}, {c} client(s)")
+        cell = await measure(server, mode == "stream", c, requests, seconds, served)
+        measured.setdefault(server.name, {}).setdefault(mode, {}).setdefault(str(c), []).append(cell)
+        progress.advance(task)
 
     py = sys.executable
     with progress:
@@ -398,22 +416,39 @@ async def _bench(config: Config, console: Console, workdir: Path, requests: int,
                 launchers["litellm"] = lambda: start(
                     "litellm", litellm_argv(litellm, backend.port, workdir), workdir,
                     {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}, token=LITELLM_KEY)
-            # One proxy at a time, so no other server's process competes for the two cores.
-            for _ in range(rounds):
-                await bench_target(backend)
-                for name, launch in launchers.items():
-                    progress.update(task, description=f"starting {name}")
-                    server = launch()
-                    try:
-                        await bench_target(server)
-                    finally:
-                        code = server.stop()
-                    if name in (OURS, REPLY_FIRST, many) and code != 0:
-                        raise RuntimeError(f"the gateway exited with {code}:\n{server.log_tail()}")
+            await wait_ready(backend, served, 180)
+            # Each round starts every proxy afresh, then measures cell by cell, every target in
+            # turn: one load at a time (an idle server only waits on its sockets), and the cells
+            # that are compared measured seconds apart, not minutes, on a machine whose load
+            # drifts. The order turns around every round, so no target always goes first.
+            for r in range(rounds):
+                servers: list[Server] = []
+                try:
+                    for name, launch in launchers.items():
+                        progress.update(task, description=f"starting {name}")
+                        servers.append(launch())
+                        await wait_ready(servers[-1], served, 180)  # LiteLLM needs ~15 s on two cores
+                    order = [backend, *servers]
+                    for mode, c in cells:
+                        for server in order if r % 2 == 0 else order[::-1]:
+                            await bench_cell(server, mode, c)
+                finally:
+                    codes = _stop_all(servers)
+                for server in servers:
+                    if server.name in (OURS, REPLY_FIRST, many) and codes[server.name] != 0:
+                        raise RuntimeError(f"the gateway exited with {codes[server.name]}:\n{server.log_tail()}")
+            if profile:
+                numbers["profile"] = await _profile(config, workdir, token, max(concurrency), requests, seconds,
+                                                    served, profile, lambda mode: (
+                                                        progress.update(task, description=f"profiling: {mode}"),
+                                                        progress.advance(task)))
         finally:
             backend.stop()
     numbers["targets"] = {name: {mode: {c: _median_cell(runs) for c, runs in by_c.items()} for mode, by_c in modes.items()}
                           for name, modes in measured.items()}
+    # Each round's req/s as well: our ratio to the pass-through is taken round by round.
+    numbers["per_round"] = {name: {mode: {c: [cell["req_s"] for cell in runs] for c, runs in by_c.items()}
+                                   for mode, by_c in modes.items()} for name, modes in measured.items()}
     numbers["recording"] = _recorded(config, data_dir, served[OURS])
     if durable_both:
         numbers["recording_reply_first"] = _recorded(fast, fast_dir, served[REPLY_FIRST])
@@ -421,6 +456,97 @@ async def _bench(config: Config, console: Console, workdir: Path, requests: int,
         numbers["workers"], numbers["fronts"] = workers, fronts
         numbers["recording_workers"] = _recorded(config, many_dir, served[many])
     return numbers
+
+
+def _stop_all(servers: list[Server]) -> dict[str, int | None]:
+    """Stop every server (each one's exit code, None where it did not stop); the first error
+    stopping one is raised once all were tried."""
+    codes: dict[str, int | None] = {}
+    error: Exception | None = None
+    for server in servers:
+        try:
+            codes[server.name] = server.stop()
+        except Exception as exc:  # noqa: BLE001 - raised below, once the others are stopped too
+            codes[server.name], error = None, error or exc
+    if error is not None:
+        raise error
+    return codes
+
+
+PROFILED = "gateway (profiled)"
+
+
+async def _profile(config: Config, workdir: Path, token: str | None, clients: int, requests: int, seconds: float,
+                   served: Counter, top: int, step: Callable[[str], Any]) -> dict[str, Any]:
+    """One more gateway process under cProfile, loaded as a measured cell (plain, then streamed, at
+    `clients`): its `top` functions by own time, each with its share of the profiled time, and
+    the requests it answered (calls a request = calls / requests)."""
+    import pstats
+
+    data_dir, settings, stats = workdir / "data-profiled", workdir / "config-profiled.json", workdir / "gateway.prof"
+    settings.write_text(config.model_copy(update={"data_dir": data_dir}).model_dump_json())
+    server = start(PROFILED, [sys.executable, "-m", "benchmarks.gateway", "--serve-port", "{port}", "--serve-config",
+                              str(settings), "--serve-profile", str(stats)], workdir, token=token)
+    try:
+        await wait_ready(server, served, 180)
+        for mode in MODES:
+            step(mode)
+            await measure(server, mode == "stream", clients, requests, seconds, served)
+    finally:
+        code = server.stop()
+    if code != 0:
+        raise RuntimeError(f"the profiled gateway exited with {code}:\n{server.log_tail()}")
+    # (file, line, function) -> (primitive calls, calls, own s, cumulative s, callers)
+    entries = pstats.Stats(str(stats)).stats  # type: ignore[attr-defined]
+    rows = sorted(((own, calls, cumulative, key) for key, (_, calls, own, cumulative, _) in entries.items()
+                   if not _loop_frame(key)), reverse=True)
+    # The frames that run the event loop own what uvloop does in C (polling, socket reads and
+    # writes' bookkeeping, dispatching callbacks) and its idle waits: shown apart, not shared out.
+    loop_s = sum(own for key, (_, _, own, _, _) in entries.items() if _loop_frame(key))
+    total = sum(own for own, *_ in rows)
+    answered = served[PROFILED]
+    areas: Counter = Counter()  # the same own time by file (a package outside ours), for the big picture
+    for own, _, _, key in rows:
+        areas[_area(key)] += own
+    return {"clients": clients, "requests": answered, "total_s": total, "loop_s": loop_s, "top": [
+        {"function": _where(key), "own_s": own, "share": own / total if total else 0.0,
+         "cumulative_s": cumulative, "calls_per_request": calls / answered if answered else 0.0}
+        for own, calls, cumulative, key in rows[:top]],
+        "areas": [{"area": area, "own_s": own, "share": own / total if total else 0.0}
+                  for area, own in areas.most_common(top)]}
+
+
+def _loop_frame(key: tuple[str, int, str]) -> bool:
+    file, _, name = key
+    return (file.endswith(("asyncio/runners.py", "uvicorn/_compat.py")) and name in ("run", "asyncio_run")
+            or file.endswith("uvicorn/server.py") and name in ("_serve", "serve", "run"))
+
+
+def _area(key: tuple[str, int, str]) -> str:
+    """Our file (`clawr1/gateway/pipeline.py`), another package (`uvicorn`), a stdlib module
+    (`json`), or `built-ins` (C functions the profiler times apart from their callers)."""
+    if key[0] == "~":
+        return "built-ins"
+    if key[0] == "<string>":
+        return "generated __init__s (dataclasses)"
+    path = _where(key).rpartition(":")[0]
+    return path if path.startswith(("clawr1/", "benchmarks/")) else path.split("/")[0].removesuffix(".py")
+
+
+def _where(key: tuple[str, int, str]) -> str:
+    """`file:line(function)`, the file relative to its package root (site-packages, src, the stdlib)."""
+    file, line, name = key
+    if file == "~":
+        return name  # a built-in
+    for marker in ("site-packages/", "/src/", "/lib/python3"):
+        if marker in file:
+            file = file.rpartition(marker)[2]
+            file = file.partition("/")[2] if marker == "/lib/python3" else file
+            break
+    else:
+        here = Path(__file__).resolve().parent  # benchmarks/
+        file = f"benchmarks/{Path(file).name}" if Path(file).parent == here else Path(file).name
+    return f"{file}:{line}({name})"
 
 
 def _median_cell(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -476,6 +602,11 @@ def _summarise(numbers: dict[str, Any]) -> None:
                                  else None)}
                 ratios.setdefault(other, {}).setdefault(mode, {})[c] = ratio
     numbers["ratios"] = ratios
+    # Round by round: ours ÷ the pass-through's req/s, the two measured a minute apart in each round.
+    per_round = numbers.get("per_round", {})
+    if "passthrough" in per_round and OURS in per_round:
+        numbers["round_ratios"] = {mode: {c: _round_ratios(runs, per_round["passthrough"][mode][c])
+                                          for c, runs in cells.items()} for mode, cells in per_round[OURS].items()}
     if numbers.get("workers", 1) > 1:  # gateway.workers = N against the one process, same run
         several = targets[f"{OURS} x{numbers['workers']}"]
         numbers["scaling"] = {mode: {c: several[mode][c]["req_s"] / cell["req_s"] if cell["req_s"] else None
@@ -491,15 +622,23 @@ def _summarise(numbers: dict[str, Any]) -> None:
         f"req_s_at_{many}": _goal(plain[many]["req_s"], GOAL_REQ_S, below=False),
         f"cpu_ms_at_{many}": _goal(plain[many].get("cpu_ms"), GOAL_CPU_MS, below=True),
     }
-    if "passthrough" in ratios:
-        goals[f"req_s_vs_passthrough_at_{many}"] = _goal(ratios["passthrough"]["plain"][many]["req_s"],
-                                                         GOAL_VS_PASSTHROUGH, below=False)
+    if "round_ratios" in numbers:  # the median of the rounds' ratios, plain and streamed
+        for mode in MODES:
+            goals[f"req_s_vs_passthrough_at_{many}" + ("" if mode == "plain" else f", {mode}")] = _goal(
+                numbers["round_ratios"][mode][many]["median"], GOAL_VS_PASSTHROUGH, below=False)
     if REPLY_FIRST in targets:
         goals[f"added_p50_ms_at_{one}, reply first"] = _goal(targets[REPLY_FIRST]["plain"][one].get("added_p50_ms"),
                                                             GOAL_ADDED_P50_MS, below=True)
     goals["recording"] = {"value": numbers["recording"]["recorded_steps"], "limit": numbers["recording"]["served"],
                           "ok": numbers["recording"]["ok"]}
     numbers["goals"] = goals
+
+
+def _round_ratios(ours: list[float], theirs: list[float]) -> dict[str, Any]:
+    """Ours ÷ theirs in each round (None where they served nothing), and the median of those."""
+    rounds = [a / b if b else None for a, b in zip(ours, theirs, strict=True)]
+    known = [r for r in rounds if r is not None]
+    return {"rounds": rounds, "median": statistics.median(known) if known else None}
 
 
 def _goal(value: float | None, limit: float, below: bool) -> dict[str, Any]:
@@ -544,8 +683,20 @@ def _tables(numbers: dict[str, Any]) -> list[Table]:
                     row += [f"{_fmt(cells[c]['req_s'])}x", f"{_fmt(cells[c]['added_p50'])}x", f"{_fmt(cells[c]['cpu'])}x"]
                 ratios.add_row(*row)
         tables.append(ratios)
+    if "round_ratios" in numbers:
+        n = numbers["rounds"]
+        by_round = Table(title="Ours ÷ the pass-through, req/s, round by round (the two measured in turn in each "
+                               "round; the goal is the median)")
+        for column in ("mode", "clients", *[f"round {i + 1}" for i in range(n)], "median"):
+            by_round.add_column(column, justify="left" if column == "mode" else "right")
+        for mode, cells in numbers["round_ratios"].items():
+            for c in conc:
+                ratio = cells[c]
+                by_round.add_row(mode, c, *[f"{_fmt(r)}x" for r in ratio["rounds"]], f"{_fmt(ratio['median'])}x",
+                                 style="bold" if c == conc[-1] else None)
+        tables.append(by_round)
     rounds = f"; each number the median of {numbers['rounds']} rounds" if numbers.get("rounds", 1) > 1 else ""
-    goals = Table(title=f"Goals (plain requests, recording on{rounds})")
+    goals = Table(title=f"Goals (plain requests unless named, recording on{rounds})")
     for column in ("goal", "measured", "limit", "met"):
         goals.add_column(column)
     for key, goal in numbers["goals"].items():
@@ -563,6 +714,24 @@ def _tables(numbers: dict[str, Any]) -> list[Table]:
         for mode, cells in numbers["scaling"].items():
             scaling.add_row(mode, *[f"{_fmt(cells[c])}x" for c in conc])
         tables.append(scaling)
+    if "profile" in numbers:
+        prof = numbers["profile"]
+        top = Table(title=f"Where the gateway's time goes: cProfile of one more gateway process, "
+                          f"{prof['clients']} clients, plain then streamed, {prof['requests']:,} requests; own time "
+                          f"of its event loop thread, the loop's own ({prof['loop_s']:.1f} s: uvloop's C work and "
+                          f"idle) left out; the profiler inflates call-heavy code")
+        for column in ("function", "own s", "share", "calls/request"):
+            top.add_column(column, justify="left" if column == "function" else "right")
+        for row in prof["top"]:
+            top.add_row(row["function"], f"{row['own_s']:.3f}", f"{100 * row['share']:.1f}%",
+                        f"{row['calls_per_request']:.1f}")
+        tables.append(top)
+        areas = Table(title="The same own time by file (ours) or package (others')")
+        for column in ("file or package", "own s", "share"):
+            areas.add_column(column, justify="left" if column == "file or package" else "right")
+        for row in prof["areas"]:
+            areas.add_row(row["area"], f"{row['own_s']:.3f}", f"{100 * row['share']:.1f}%")
+        tables.append(areas)
     if "durable_cost_ms" in numbers:
         cost = Table(title="gateway.durable_reply: p50 with the commit before the reply minus p50 without (ms)")
         cost.add_column("mode")
@@ -578,19 +747,23 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Gateway benchmark (or, with --serve-*, its gateway process).")
     parser.add_argument("--serve-port", type=int, help="internal: serve the gateway target on this port")
     parser.add_argument("--serve-config", type=Path, help="internal: the Config JSON for --serve-port")
+    parser.add_argument("--serve-profile", type=Path, help="internal: with --serve-port, profile into this file")
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--no-litellm", action="store_true")
     parser.add_argument("--durable", choices=("config", "both"), default="config")
     parser.add_argument("--workers", type=int, default=1, help="also run gateway.workers = N, for the scaling")
     parser.add_argument("--fronts", type=int, default=1, help="with --workers: gateway.fronts")
-    parser.add_argument("--rounds", type=int, default=1, help="measure every target N times, in turns; medians")
+    parser.add_argument("--rounds", type=int, default=3, help="measure every target N times, in turns; medians")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="afterwards, profile one more gateway process and print its N costliest functions")
     args = parser.parse_args(argv)
     if args.serve_port is not None:
-        serve_gateway(args.serve_config, args.serve_port)
+        serve_gateway(args.serve_config, args.serve_port, args.serve_profile)
     else:
         run(load_config(), requests=args.requests, seconds=args.seconds, include_litellm=not args.no_litellm,
-            durable_both=args.durable == "both", workers=args.workers, fronts=args.fronts, rounds=args.rounds)
+            durable_both=args.durable == "both", workers=args.workers, fronts=args.fronts, rounds=args.rounds,
+            profile=args.profile)
 
 
 if __name__ == "__main__":

@@ -201,7 +201,8 @@ def _print(console: Console, name: str, r: dict[str, Any], outcomes: list[Outcom
     console.print("  per category: " + ", ".join(f"{c} {a:.0%}" for c, a in r["by_category"].items()))
     console.print(f"  committed (scored +-1): {r['committed']:.0%}, accuracy when committed {r['committed_accuracy']:.1%}")
     console.print(f"  hints: {r['hints_on_corrections']}/{r['corrections']} correction turns got one "
-                  f"({r['hint_acceptance']:.0%}), {r['hints_grounded']} grounded in it; {r['false_hints_on_vague']}/{r['vague_failures']} vague failures got "
+                  f"({r['hint_acceptance']:.0%}), {r['hints_grounded']} grounded in it; "
+                  f"{r['false_hints_on_vague']}/{r['vague_failures']} vague failures got "
                   f"one anyway; reasons on -1 turns: {r['hint_reasons']}")
     console.print(f"  time: {1000 * r['seconds_per_turn']:.1f} ms/turn (wall {r['wall_s']:.1f} s), "
                   f"mean latency {1000 * r['latency_mean_s']:.1f} ms")

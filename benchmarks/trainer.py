@@ -403,7 +403,8 @@ def worker_ours(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
     n = len(spec["replies"])
     config = Config.model_validate({
         "data_dir": str(workdir), "engine": {"model": spec["model"]}, "guard": {"enabled": False},
-        "trainer": {"method": "rl", "batch_size": n, "finetune": spec.get("finetune", "lora"), "micro_batch": spec["micro_batch"], "threads": spec["threads"],
+        "trainer": {"method": "rl", "batch_size": n, "finetune": spec.get("finetune", "lora"),
+                    "micro_batch": spec["micro_batch"], "threads": spec["threads"],
                     "quantize": spec.get("quantize", "none"),
                     "micro_batch_tokens": 10_000_000,  # the sample count is the setting measured
                     "device": spec["device"], "dtype": spec["dtype"], "grad_checkpointing": spec["grad_checkpointing"],
@@ -443,7 +444,8 @@ def worker_ours(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
         out = measure(one_step, spec["warmup"], spec["steps"], sum(len(r) for r in replies), spec["device"])
         out["lora_updated"] = _updated(trainer.policy.model, before)
         ranks.close()
-    out.update(micro_batch=spec["micro_batch"], ranks=ranks.world, finetune=config.trainer.finetune, grad_checkpointing=spec["grad_checkpointing"], threads=torch.get_num_threads(), torch=torch.__version__,
+    out.update(micro_batch=spec["micro_batch"], ranks=ranks.world, finetune=config.trainer.finetune,
+               grad_checkpointing=spec["grad_checkpointing"], threads=torch.get_num_threads(), torch=torch.__version__,
                trained_tokens=last["tokens"], ratio=last["ratio"], prepare_s=last["prepare_s"])
     return out
 

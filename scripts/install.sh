@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install Claw-R1 into ./.venv (CPU PyTorch by default; no model is downloaded from any hub).
 #   bash scripts/install.sh            # CPU install
-#   bash scripts/install.sh --test     # plus the test dependencies (and Debian's chromium and postgresql, as root)
+#   bash scripts/install.sh --test     # plus the test dependencies, ruff pinned among them (and Debian's chromium and postgresql, as root)
 #   CLAWR1_TORCH="torch" bash scripts/install.sh   # a GPU machine: PyPI's default (CUDA) build
 #   CLAWR1_QWEN=0 bash scripts/install.sh          # without the 491 MB Qwen2.5-Coder-0.5B model
 set -euo pipefail

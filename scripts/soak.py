@@ -61,7 +61,7 @@ def rss_kib(pid: int) -> int | None:
         status = Path(f"/proc/{pid}/status").read_text()
     except (FileNotFoundError, ProcessLookupError):
         return None
-    match = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
+    match = re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE)
     return int(match.group(1)) if match else None
 
 
@@ -91,7 +91,7 @@ def trainer_of(pid: int) -> int | None:
 def metric(text: str, name: str) -> float | int | None:
     """The sum of a metric's samples in Prometheus text (None if absent); an int when whole."""
     values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith(name + " ") or line.startswith(name + "{")]
+              if line.startswith((name + " ", name + "{"))]
     if not values:
         return None
     total = sum(values)

@@ -32,8 +32,8 @@ DEGENERATE = (
      "relevance"),
     ("How do I boil an egg?", " ".join(["the"] * 40), "repetition"),
     ("How can I make my phone battery last longer?",
-     "Boiling an egg is easy: place it in a pot of cold water, bring it to a boil, then let it simmer for eight "
-     "minutes and cool it under cold running water.", "relevance"),
+     ("Boiling an egg is easy: place it in a pot of cold water, bring it to a boil, then let it simmer for eight "
+      "minutes and cool it under cold running water."), "relevance"),
 )
 
 

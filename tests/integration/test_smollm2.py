@@ -51,7 +51,8 @@ def test_token_faithful_capture_in_a_batch(real_engine):
 def test_cli_chat_streams_an_answer(real_data_dir):
     env = {**os.environ, "CLAWR1_DATA_DIR": str(real_data_dir)}
     out = subprocess.run([sys.executable, "-m", "clawr1.cli.main", "chat", "What is the capital of France?",
-                          "--max-tokens", "24", "--threads", "1", "--temperature", "0"], env=env, capture_output=True, text=True, timeout=300)
+                          "--max-tokens", "24", "--threads", "1", "--temperature", "0"], env=env, capture_output=True,
+                         text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr
     assert "Paris" in out.stdout
     assert "policy version v0" in out.stderr

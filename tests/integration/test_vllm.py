@@ -136,8 +136,9 @@ def test_sampled_ids_and_logprobs_are_exact_and_lora_swaps_under_a_request(up_vl
             finished = await running.final()
             assert (finished.version, after.version) == (1, 2) and finished.finish_reason in ("stop", "length")
             for _ in range(100):  # v1 is unloaded from the server once nothing holds it
-                served = {m["id"] for m in httpx.get(f"{vllm_url}/v1/models",
-                                                     headers={"Authorization": f"Bearer {up_vllm.key}"}).json()["data"]}
+                listed = await asyncio.to_thread(httpx.get, f"{vllm_url}/v1/models",
+                                                 headers={"Authorization": f"Bearer {up_vllm.key}"})
+                served = {m["id"] for m in listed.json()["data"]}
                 if served == {SERVED_NAME, "policy@v2"}:
                     break
                 await asyncio.sleep(0.1)

@@ -65,7 +65,7 @@ def test_benchmark_smoke_measures_every_target_with_recording_on(tmp_path):
     config = load_config(None, [f'data_dir="{tmp_path}"'])
     out = io.StringIO()
     numbers = bench.run(config, Console(file=out, width=120), requests=20, concurrency=(1, 4),
-                        include_litellm=False, seconds=2.0, workers=2, rounds=2)
+                        include_litellm=False, seconds=2.0, workers=2, rounds=2, profile=5)
     assert set(numbers["targets"]) == {"direct", "passthrough", "gateway", "gateway x2"}
     for name, modes in numbers["targets"].items():
         for mode in ("plain", "stream"):
@@ -76,7 +76,17 @@ def test_benchmark_smoke_measures_every_target_with_recording_on(tmp_path):
                 assert cell["p99_ms"] >= cell["p50_ms"] > 0
                 if name != "direct":
                     assert "added_p50_ms" in cell
-    assert {"cpu_ms_at_4", "req_s_vs_passthrough_at_4", "added_p50_ms_at_1"} <= set(numbers["goals"])
+    assert {"cpu_ms_at_4", "req_s_vs_passthrough_at_4", "req_s_vs_passthrough_at_4, stream",
+            "added_p50_ms_at_1"} <= set(numbers["goals"])
+    for mode in ("plain", "stream"):  # ours ÷ the pass-through's req/s in each round, and their median
+        ratio = numbers["round_ratios"][mode]["4"]
+        assert len(ratio["rounds"]) == 2 and min(ratio["rounds"]) <= ratio["median"] <= max(ratio["rounds"])
+    assert numbers["goals"]["req_s_vs_passthrough_at_4, stream"]["value"] == numbers["round_ratios"]["stream"]["4"]["median"]
+    profile = numbers["profile"]  # one more gateway, profiled: its costliest functions, the loop's own time apart
+    assert len(profile["top"]) == 5 and profile["requests"] > 2 * 20 and profile["loop_s"] > 0
+    assert all(row["own_s"] > 0 and 0 < row["share"] <= 1 for row in profile["top"])
+    assert any(row["area"].startswith("clawr1/gateway/") for row in profile["areas"])  # the same time by file
+    assert "Where the gateway's time goes" in out.getvalue() and "round by round" in out.getvalue()
     recording = numbers["recording"]
     # Every answered request (readiness probe, warm-ups, measured) is a committed step of the gateway's pool.
     assert recording["ok"] and recording["recorded_steps"] == recording["served"] > 4 * 20
@@ -87,6 +97,11 @@ def test_benchmark_smoke_measures_every_target_with_recording_on(tmp_path):
     assert "LiteLLM" not in out.getvalue() and "passthrough" in out.getvalue()
     json.dumps(numbers)  # JSON-serialisable, for `clawr1 bench gateway --json`
     assert not list(tmp_path.iterdir())  # the benchmark records into its own temporary pool, not data_dir
+
+
+def test_ratios_to_the_pass_through_are_taken_round_by_round():
+    ratio = bench._round_ratios([100.0, 300.0, 200.0], [400.0, 400.0, 0.0])
+    assert ratio == {"rounds": [0.25, 0.75, None], "median": 0.5}  # a round it served nothing in has no ratio
 
 
 def test_a_cell_over_rounds_takes_each_numbers_median():

@@ -68,6 +68,8 @@ def trained(own_engine, tiny_model_dir, tmp_path_factory):
                 served = f"clawr1-v{version + 1}"
                 wait_for(lambda fp=served: chat(base, first, **{"X-Turn-Type": "side"})["system_fingerprint"] == fp,
                          what=f"{served} served")
+                if version == 0:  # its correction turn never gets feedback: lost to training before v2
+                    trainer_pool.close_session("conv-0", None, reason="idle")
         # The dashboard reads the trainer's numbers from the pool, not from the trainer's files (the
         # trainer may run on another host): without its log the panels must stay the same.
         (data_dir / "trainer" / "metrics.jsonl").unlink()
@@ -83,6 +85,11 @@ def test_summary_joins_serving_judging_and_training_per_version(trained):
     assert [r["turns"] for r in rows] == [2, 2, 2, 0]  # side-turn probes are not samples
     assert [r["preference_score"] for r in rows[:3]] == [0.0, 0.0, 1.0]
     assert [r["reward_mean"] for r in rows[1:]] == [-1.0, -1.0, 1.0] and all(r["loss"] is not None for r in rows[1:])
+    assert [r["lost"] for r in rows] == [None, {}, {"masked": 1}, {}]  # conv-0's last turn, closed without feedback
+    # /metrics has the newest version's (v3's) silent-failure counts, from the trainer's row in the pool.
+    exposition = admin(base, "/metrics").text
+    for measure, n in (("samples", 1), ("no_signal", 0), ("kl_silent", 0), ("lost_masked", 0), ("lost_judge", 0)):
+        assert f'clawr1_trained_version{{measure="{measure}"}} {n:.1f}' in exposition, measure
     for r in rows[1:]:  # the feedback arrived, v was published from it, then v answered
         assert r["trained_on"] == 1 and 0 < r["publish_s"] <= r["latency_s"] == r["latency_max_s"]
         assert r["first_served_at"] > r["published_at"]
@@ -100,13 +107,13 @@ def test_page_renders_every_panel_with_curves_and_escapes_conversations(trained)
     page = admin(base, "/dashboard")
     assert page.status_code == 200 and "script-src 'self'" in page.headers["content-security-policy"]
     html = page.text
-    for panel in ("overview", "curves", "versions", "queue", "sessions"):
+    for panel in ("overview", "curves", "versions", "queue", "sessions", "memory"):
         assert f'data-panel="{panel}"' in html
     charts = re.findall(r'data-series="(\d+)" data-points="(\d+)"', html)
     assert len(charts) == 4 and all(int(points) >= 3 for _, points in charts)  # reward, preference, drift, latency
     assert "conv-1" in html and "<script>alert" not in html
     panels = admin(base, "/dashboard/panels").json()
-    assert set(panels) == {"overview", "curves", "versions", "queue", "sessions"} and "v3" in panels["versions"]
+    assert set(panels) == {"overview", "curves", "versions", "queue", "sessions", "memory"} and "v3" in panels["versions"]
 
 
 def test_session_page_shows_votes_evidence_hints_and_next_state(trained):

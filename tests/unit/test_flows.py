@@ -16,11 +16,11 @@ from safetensors.torch import load_file
 
 from clawr1.core.config import Config, EnvsConfig, load_config
 from clawr1.engine import adapters
+from clawr1.entrypoints.inprocess import Served
+from clawr1.entrypoints.whitebox import rounds_of, run_rollout, train_flow
 from clawr1.envs.base import Env, Task
 from clawr1.flows import AgentFlow, ToolAgentFlow, load_flow
 from clawr1.flows.rollouts import plan
-from clawr1.entrypoints.inprocess import Served
-from clawr1.entrypoints.whitebox import rounds_of, run_rollout, train_flow
 from clawr1.reward.types import Judgement
 from clawr1.trainer.policy import ADAPTER
 from tests.gateway_helpers import live_gateway

@@ -57,8 +57,8 @@ def test_streaming_deltas_are_the_recorded_text(server, engine):
 def test_a_spliced_content_chunk_is_the_chunk_built_whole():
     """`Chunks.content` splices the delta's JSON into an envelope rendered once; it must be the very
     chunk `json.dumps` of the whole body gives, whatever the text and the client's model name."""
-    from clawr1.gateway.chat import Chunks
     from clawr1.gateway.streaming import MARK as _MARK
+    from clawr1.gateway.wire.chat import Chunks
 
     texts = ["", " hello", 'a "quoted" \\ back\nslash', "é ✓ 🙂", "</script>", _MARK, "\x00\u2028"]
     for model in ["m", 'model "x"', f"a{_MARK}b", _MARK]:
@@ -84,7 +84,7 @@ def test_async_client_concurrent_requests(server):
 def test_session_identification(server):
     base, pool = server
     c = client(base)
-    ask = dict(model="m", max_tokens=4, temperature=0)
+    ask = {"model": "m", "max_tokens": 4, "temperature": 0}
     # 1. URL path ids
     httpx.post(f"{base}/sess-A/prompt-1/v1/chat/completions",
                json={"messages": [{"role": "user", "content": "hi"}], **ask}).raise_for_status()
@@ -119,7 +119,7 @@ def test_matcher_tolerates_a_dropped_trailing_message_and_rewritten_tool_ids(ser
     """OpenClaw appends an internal-context message that the next request drops."""
     base, pool = server
     c = client(base)
-    ask = dict(model="m", max_tokens=4, temperature=0)
+    ask = {"model": "m", "max_tokens": 4, "temperature": 0}
     internal = {"role": "user", "content": [{"type": "text", "text": "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>> ..."}]}
     history = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "first"}]
     reply = c.chat.completions.create(messages=history + [internal], **ask)

@@ -10,8 +10,9 @@ import httpx
 import pytest
 
 from clawr1.core.types import Generation
-from clawr1.gateway import anthropic_wire, streaming
+from clawr1.gateway import streaming
 from clawr1.gateway.errors import anthropic_error_body
+from clawr1.gateway.wire import anthropic as anthropic_wire
 from tests.gateway_helpers import live_gateway, steps_of
 from tests.scripted_engine import ScriptedEngine
 

@@ -256,7 +256,7 @@ def test_every_path_gives_its_admission_back(engine, tmp_path, stream):
 def test_a_bug_before_the_exchange_is_a_500_in_the_routes_shape_and_counted(scripted, tmp_path, monkeypatch):
     """A fault in a wire's own parse (`Wire.prepare`) on the hot routes: answered 500 in the route's
     error shape (Anthropic's on /v1/messages), counted as a 500 on /metrics, nothing admitted."""
-    from clawr1.gateway import anthropic, chat
+    from clawr1.gateway.wire import anthropic, chat
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a bug in a wire's parse")

@@ -9,7 +9,8 @@ import pytest
 from openai.types.responses import Response
 
 from clawr1.core.types import Generation
-from clawr1.gateway import responses_wire, streaming
+from clawr1.gateway import streaming
+from clawr1.gateway.wire import responses as responses_wire
 from tests.gateway_helpers import live_gateway, steps_of
 from tests.scripted_engine import ScriptedEngine
 

@@ -10,6 +10,7 @@ import contextlib
 import time
 
 from fastapi.routing import APIRoute
+from prometheus_client import generate_latest
 
 from clawr1.core.config import Config, EngineConfig
 from clawr1.core.types import SamplingParams
@@ -184,6 +185,46 @@ def test_a_follower_with_its_fresh_engine_loads_what_the_leader_serves_and_drops
         assert fresh_engine.adapters() == {"policy": 1}
         run(gw._follow({"adapters": {}, "weights": [0, ""]}))  # the leader went back to the base
         assert fresh_engine.adapters() == {}
+    finally:
+        pool.close()
+
+
+def test_a_follower_that_cannot_load_what_the_leader_serves_says_how_far_behind_it_is(
+        fresh_engine, tiny_model_dir, tmp_path):
+    """The leader moves to v2, which this follower cannot load: it keeps serving v1 (no request
+    fails, the error is logged once), and `clawr1_serving_behind` says it is one version behind."""
+    from clawr1.engine import adapters
+    from clawr1.gateway.service import WEIGHTS
+
+    pool = SQLitePool(tmp_path, config(tmp_path).pool)
+    gw = Gateway(fresh_engine, pool, config(tmp_path), worker=1)
+    gw.served_path().parent.mkdir(parents=True)
+
+    def lead(version: int, where: str) -> None:
+        adapters.write_json(gw.served_path(), {"adapters": {"policy": [version, where]}, "weights": [0, ""]})
+
+    async def go():
+        lead(1, str(make_adapter(tiny_model_dir, tmp_path, 1, seed=0)))
+        follower = asyncio.create_task(gw.follow_leader())
+        try:
+            for _ in range(200):
+                if fresh_engine.adapters() == {"policy": 1}:
+                    break
+                await asyncio.sleep(0.05)
+            assert gw.serving_behind() == {"policy": 0, WEIGHTS: 0}
+            lead(2, str(tmp_path / "not-there"))
+            for _ in range(200):
+                if gw.serving_behind()["policy"]:
+                    break
+                await asyncio.sleep(0.05)
+            assert gw.serving_behind() == {"policy": 1, WEIGHTS: 0} and fresh_engine.adapters() == {"policy": 1}
+            exposition = generate_latest(gw.metrics.registry).decode()
+            assert 'clawr1_serving_behind{adapter="policy"} 1.0' in exposition
+        finally:
+            follower.cancel()
+
+    try:
+        run(go())
     finally:
         pool.close()
 

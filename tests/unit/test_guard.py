@@ -14,11 +14,10 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from clawr1.core.config import load_config
+from clawr1.core.config import EngineConfig, load_config
 from clawr1.datapool import SQLitePool
 from clawr1.engine import adapters as store
 from clawr1.engine.local import LocalEngine
-from clawr1.core.config import EngineConfig
 from tests.conftest import run
 from tests.gateway_helpers import live_gateway, wait_for
 
@@ -454,9 +453,11 @@ def test_probes_need_a_user_message_and_are_sampled_at_temperature_one_on_a_serv
     assert [p.step_id for p in held] == ["b"]
 
     sampled: list[tuple[float, float, int]] = []
+    seeds: list[int] = []
 
     async def ask(engine, pool, probes, adapter, tenant, label):
         sampled.extend((p.temperature, p.top_p, p.top_k) for p in probes)
+        seeds.extend(p.seed for p in probes)
         return []
 
     class Meter:
@@ -468,16 +469,23 @@ def test_probes_need_a_user_message_and_are_sampled_at_temperature_one_on_a_serv
 
     monkeypatch.setattr(module, "ask", ask)
     monkeypatch.setattr(module, "replies_of", lambda probes, gens: [])
-    monkeypatch.setattr(module, "summarize", lambda measured, calibration: types.SimpleNamespace(sane_rate=1.0))
+    async def measure(meter, probes, gens, calibration):
+        return types.SimpleNamespace(sane_rate=1.0)
+
+    monkeypatch.setattr(module, "measure", measure)
     # A server scores at temperature 1, uncut; the local engine as the turn was sampled.
     for engine, expected in ((types.SimpleNamespace(scores_at_temperature_one_only=True), (1.0, 1.0, 0)),
                              (types.SimpleNamespace(), (0.7, 0.8, 20))):
         sampled.clear()
+        seeds.clear()
         gw = types.SimpleNamespace(config=Config(data_dir=str(tmp_path)), per_tenant=False, engine=engine, pool=None,
                                    swaps=[], quality_meter=meter)
         guard = Guard(gw)
         drawn = asyncio.run(guard._draw(guard._line("policy"), held, 1))
-        assert sampled == [expected] and [(p.temperature, p.top_p, p.top_k) for p in drawn.probes] == [expected]
+        assert sampled == [expected, expected] and [(p.temperature, p.top_p, p.top_k) for p in drawn.probes] == [expected]
+        # The base answers twice: the calibration's replies, then its reference ones with other seeds.
+        # Every version then answers with the reference's seeds.
+        assert seeds == [held[0].seed, held[0].seed + module.REFERENCE_SEED] and drawn.probes[0].seed == seeds[1]
 
 
 def test_the_kl_bound_holds_when_a_probe_reply_is_empty_and_an_unmeasured_kl_does_not_pass():

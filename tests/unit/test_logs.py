@@ -10,9 +10,9 @@ from datetime import datetime
 
 import pytest
 
-from clawr1.cli import logs
 from clawr1.cli import main as cli
 from clawr1.core.config import load_config, to_toml
+from clawr1.entrypoints import logs
 from clawr1.entrypoints.console import say
 
 ADMIN = "admin-secret-0123456789"
@@ -74,7 +74,7 @@ def test_serve_with_log_json_writes_only_json_lines(monkeypatch, capsys):
     def fake_serve(args, config):
         logging.getLogger("clawr1.gateway.app").warning("serving policy v%d", 4, extra={"load_ms": 21})
         say(config, "[green]ready[/green]", "gateway ready", url="http://127.0.0.1:1/v1")
-        logging.getLogger("clawr1.reward.worker").error(f"key {ADMIN} leaked?")
+        logging.getLogger("clawr1.reward.worker").error(f"key {ADMIN} leaked?")  # noqa: G004 - a careless message
         return 0
 
     monkeypatch.setattr(cli, "cmd_serve", fake_serve)

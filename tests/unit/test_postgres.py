@@ -62,7 +62,7 @@ def test_gateways_starting_at_once_create_the_schema_once(postgres):
         start.wait()
         try:
             pools.append(PostgresPool(dsn))
-        except Exception as error:  # the test reports it below
+        except Exception as error:  # noqa: BLE001 - the test reports it below
             errors.append(error)
 
     threads = [threading.Thread(target=open_one) for _ in range(4)]

@@ -9,7 +9,6 @@ import pytest
 from clawr1.core.config import EngineConfig
 from clawr1.core.types import SamplingParams
 from clawr1.engine.local import LocalEngine
-from clawr1.quality.meter import SAME_TOPIC
 from clawr1.quality import (
     Calibration,
     Quality,
@@ -25,6 +24,7 @@ from clawr1.quality import (
     sane,
     summarize,
 )
+from clawr1.quality.meter import SAME_TOPIC
 from clawr1.reward.embed import Embedder
 from tests.conftest import run
 from tests.unit.test_adapters import make_adapter
@@ -75,8 +75,8 @@ def test_request_text_is_the_last_user_message_then_the_one_before():
 
 
 def test_fluency_and_drift_are_exact_means_of_engine_scores(drift_engine, embedder):
-    """Fluency = mean base logprob at the sampling T (one scoring pass serves both); KL = mean(behaviour -
-    base at that T); entropy = -mean(behaviour)."""
+    """Fluency = mean base logprob under the base's own distribution (T=1, uncut), whatever the reply
+    was sampled at; KL = mean(behaviour - base at the sampling T); entropy = -mean(behaviour)."""
     engine = drift_engine
     messages = [[{"role": "user", "content": f"Tell me about topic {i}."}] for i in range(4)]
 
@@ -87,12 +87,13 @@ def test_fluency_and_drift_are_exact_means_of_engine_scores(drift_engine, embedd
         replies = [Reply.from_generation(m, g) for m, g in zip(messages, gens)]
         measured = await QualityMeter(engine, embedder).measure(replies)
         base_t = [await engine.score(g.prompt_ids, g.token_ids, adapter=None, temperature=0.8) for g in gens]
-        return gens, measured, base_t
+        base_1 = [await engine.score(g.prompt_ids, g.token_ids, adapter=None) for g in gens]
+        return gens, measured, base_t, base_1
 
-    gens, measured, base_t = run(go())
-    for gen, m, bt in zip(gens, measured, base_t):
+    gens, measured, base_t, base_1 = run(go())
+    for gen, m, bt, b1 in zip(gens, measured, base_t, base_1):
         assert gen.temperature == 0.8 and m.n_tokens == len(gen.token_ids) > 0
-        assert m.fluency == pytest.approx(mean(bt), abs=1e-6)
+        assert m.fluency == pytest.approx(mean(b1), abs=1e-6) and abs(mean(b1) - mean(bt)) > 1e-3
         assert m.kl == pytest.approx(mean([v - b for v, b in zip(gen.logprobs, bt)]), abs=1e-6)
         assert m.entropy == pytest.approx(-mean(gen.logprobs), abs=1e-6)
     assert mean([m.kl for m in measured]) > 0.05  # a random adapter drifts: KL is positive on its own samples
@@ -181,8 +182,8 @@ def test_calibration_thresholds_from_a_given_set():
     assert cal.n == 11  # the empty reply is left out
     # relevance 0.0..1.0: 10th percentile 0.1, median 0.5, margin 1.0 x (0.5 - 0.1) below it.
     assert cal.relevance_min == pytest.approx(0.1 - 0.4) and cal.relevance_median == pytest.approx(0.5)
-    # fluency -1.0..-2.0: 10th percentile -1.9, median -1.5.
-    assert cal.fluency_min == pytest.approx(-1.9 - 0.4) and cal.fluency_median == pytest.approx(-1.5)
+    # fluency -1.0..-2.0: 10th percentile -1.9, median -1.5; the 0.5-nat floor is wider than the 0.4.
+    assert cal.fluency_min == pytest.approx(-1.9 - 0.5) and cal.fluency_median == pytest.approx(-1.5)
     # repetition 0..0.10: 90th percentile 0.09 + (0.09 - 0.05) = 0.13, under the 0.25 floor.
     assert cal.repetition_max == 0.25
     assert calibrate(base, repetition_floor=0.0).repetition_max == pytest.approx(0.13)
@@ -195,6 +196,11 @@ def test_calibration_thresholds_from_a_given_set():
     assert quantile([3.0, 1.0, 2.0, 4.0], 0.5) == 2.5 and quantile([5.0], 0.1) == 5.0
     with pytest.raises(ValueError):
         calibrate(base[:7])  # fewer than 8 replies: the edges would be noise
+    # A confident model's fluency clusters (-0.60..-0.70): the edge keeps 0.5 nats below the 10th
+    # percentile, not the 0.09 the spread alone would leave, so a fluent -0.82 reply stays sane.
+    tight = calibrate([q(relevance=0.5, fluency=-0.6 - r / 100, rep=0.0) for r in range(11)])
+    assert tight.fluency_min == pytest.approx(-0.69 - 0.5)
+    assert sane(q(relevance=0.5, fluency=-0.82, rep=0.0), tight) and not sane(q(relevance=0.5, fluency=-1.3, rep=0.0), tight)
 
 
 def test_calibration_round_trips_through_json():

@@ -8,11 +8,11 @@ import httpx
 import pytest
 import torch
 
-from clawr1.cli.logs import secrets_of
 from clawr1.core.config import EngineConfig, load_config, to_toml
 from clawr1.datapool import SQLitePool
 from clawr1.engine import adapters
 from clawr1.engine.local import LocalEngine
+from clawr1.entrypoints.logs import secrets_of
 from clawr1.trainer.tenants import TenantTrainers
 from tests.conftest import run
 from tests.gateway_helpers import live_gateway, steps_of, wait_for

@@ -57,7 +57,7 @@ def learn(engine, model_dir, data_dir, sign: float) -> list[float]:
                 httpx.post(f"{base}/v1/feedback", json={"completion_id": completion, "reward": reward},
                            timeout=30).raise_for_status()
             assert trainer.run_once()["version"] == version
-            wait_for(lambda: engine.adapters().get("policy") == version, timeout=30, what=f"v{version} served")
+            wait_for(lambda v=version: engine.adapters().get("policy") == v, timeout=30, what=f"v{version} served")
             shares.append(held_out_share(base, pool))
     return shares
 

@@ -47,7 +47,7 @@ def test_policy_logprobs_match_the_engine_before_training(tiny_model_dir, tmp_pa
     config = config_for(tiny_model_dir, tmp_path)
     with SQLitePool(tmp_path, config.pool) as pool:
         trainer = Trainer(config, pool)
-        for messages, gen in generations[:4]:
+        for _, gen in generations[:4]:
             mine = trainer.sequence_logprob(gen.prompt_ids, gen.token_ids, gen.temperature)
             assert mine == pytest.approx(sum(gen.logprobs), abs=1e-3)  # ratio 1 at v0: same tokens, same maths
 
@@ -194,7 +194,7 @@ def test_full_vocabulary_opd_moves_the_policy_to_the_hinted_teacher(tiny_model_d
         rows = pack([s.prompt_ids for s in steps], [s.token_ids for s in steps], [s.temperature for s in steps],
                     policy.pad_id)
         with torch.no_grad(), policy.adapter_off():
-            teacher = policy.distributions(_teacher_rows(policy, samples, list(range(6))))
+            teacher = policy.distributions(_teacher_rows(policy, samples, list(range(6)), trainer.tc.hint_at))
         favourite = teacher[:, -rows.targets.shape[1]:].argmax(-1)  # the teacher's top token per position
         elsewhere = (favourite != rows.targets) & (rows.mask > 0)
         assert elsewhere.sum() >= 5
@@ -230,7 +230,7 @@ def test_the_stop_term_moves_the_chance_of_ending_to_the_hinted_teacher(tiny_mod
         rows = pack([s.prompt_ids for s in steps], [s.token_ids for s in steps], [s.temperature for s in steps],
                     policy.pad_id)
         with policy.adapter_off():
-            teacher = policy.logprobs_and_stop(_teacher_rows(policy, samples, list(range(6))))[1]
+            teacher = policy.logprobs_and_stop(_teacher_rows(policy, samples, list(range(6)), trainer.tc.hint_at))[1]
         teacher = _right_aligned(teacher, samples, list(range(6)), rows.targets.shape[1])
         return float(masked_mean(stop_kl(teacher, policy.logprobs_and_stop(rows)[1]), rows.mask))
 
@@ -468,3 +468,29 @@ def test_a_version_trained_from_little_that_is_useful_says_so(tiny_model_dir, tm
             metrics = trainer.run_once()
     assert metrics["version"] == 1 and (metrics["samples"], metrics["no_signal"]) == (6, 5)
     assert "1 of 6 samples had a signal" in caplog.text
+
+
+def test_each_version_counts_the_turns_that_left_training_unused(tiny_model_dir, tmp_path, generations, caplog):
+    """`lost_<why>` per version: turns the pool dropped since the version before (a session that
+    closed before its last turn had feedback: `masked`) and turns the judge gave up on (`judge`),
+    so learning that silently runs dry is seen on the version it starves; and the log says it."""
+    config = config_for(tiny_model_dir, tmp_path)
+    with SQLitePool(tmp_path, config.pool) as pool:
+        pool.append_step(step_of(90, *generations[0]))
+        pool.close_session("s90", None, reason="idle")  # masked before the trainer started: not this version's
+        trainer = Trainer(config, pool)
+        for i in range(3):
+            add(pool, generations, i)
+        for i in (91, 92):  # two more closed without feedback, and one the judge gave up on
+            pool.append_step(step_of(i, *generations[i - 90]))
+            pool.close_session(f"s{i}", None, reason="idle")
+        pool.append_step(step_of(93, *generations[3]))
+        assert pool.judge_failed("st-93", "TimeoutError: the judge took too long", 1, 1.0)
+        with caplog.at_level("WARNING", logger="clawr1.trainer.loop"):
+            metrics = trainer.run_once()
+        assert metrics["version"] == 1
+        assert metrics["lost_masked"] == 2 and metrics["lost_judge"] == 1 and metrics["lost_stale"] == 0
+        assert "3 turns left training unused since v0 (masked 2, judge 1)" in caplog.text  # 3 lost, 3 trained
+        for i in range(3, 6):
+            add(pool, generations, i)
+        assert trainer.run_once()["lost_masked"] == 0  # counted once, on the version it was lost before

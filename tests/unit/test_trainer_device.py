@@ -1,7 +1,8 @@
 """The trainer on any device and dtype, with the same maths: the fused, chunked head equals the
-unchunked log-softmax (values and gradients, the KLs to the base and to the hinted teacher too), a bfloat16 base gives the float32 update within
-bfloat16's precision with float32 master weights (multiplied in bfloat16: mixed precision), token-budget micro-batches and gradient
-checkpointing change nothing but memory, and impossible placements fail with the fix in the message."""
+unchunked log-softmax (values and gradients, the KLs to the base and to the hinted teacher too), a
+bfloat16 base gives the float32 update within bfloat16's precision with float32 master weights
+(multiplied in bfloat16: mixed precision), token-budget micro-batches and gradient checkpointing
+change nothing but memory, and impossible placements fail with the fix in the message."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def test_the_chunked_head_equals_the_unchunked_log_softmax(tiny_model_dir, tmp_p
     full = policy.distributions(m.rows)
     with torch.no_grad(), policy.adapter_off():
         base = policy.distributions(m.rows)
-        hinted = policy.distributions(_teacher_rows(policy, samples, [0, 2, 3]))
+        hinted = policy.distributions(_teacher_rows(policy, samples, [0, 2, 3], trainer.tc.hint_at))
     teacher = base.clone()
     for j, i in enumerate((0, 2, 3)):
         n = len(samples[i].step.token_ids)

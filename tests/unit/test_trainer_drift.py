@@ -351,6 +351,23 @@ def test_the_teacher_reads_the_hint_where_hint_at_says(tiny_model_dir, tmp_path,
     assert opd["user"].abs().sum() > 0 and not torch.allclose(opd["user"], opd["system"])
 
 
+def test_an_unset_hint_at_is_the_served_models_own(tiny_model_dir, tmp_path):
+    """SmolLM2-135M keeps the hint in the user's message (where its demo runs were measured); Qwen's
+    converted directory and any other model read it in the system prompt; a set value stays."""
+    from clawr1.core.config import Config
+    from clawr1.trainer.batch import resolved
+
+    assert Config().trainer.hint_at is None and resolved(Config()).hint_at == "user"
+    qwen = Config(engine={"model": str(tmp_path / "models" / "qwen2.5-coder-0.5b-instruct")})
+    assert resolved(qwen).hint_at == "system" and qwen.trainer.hint_at is None  # the config is not changed
+    assert resolved(Config(engine={"model": "/models/smollm2-135m-instruct"})).hint_at == "user"
+    assert resolved(Config(engine={"model": "/models/smollm2-135m-instruct"}, trainer={"hint_at": "system"})).hint_at \
+        == "system"
+    with SQLitePool(tmp_path, Config().pool) as pool:  # the trainer trains with the resolved one
+        trainer = Trainer(config_for(tiny_model_dir, tmp_path, 'trainer.method="opd"'), pool, resume=False)
+        assert trainer.tc.hint_at == "system"
+
+
 def test_an_admin_rollback_applies_with_the_guard_off(tiny_model_dir, tmp_path, generations):
     """The guard off (every version served as published): `clawr1 rollback 1` puts v1's weights back
     in the trainer, with a fresh optimizer, and the next version trains on from them."""

@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from clawr1.cli import export as export_cli
+from clawr1.cli import memory as memory_cli
 from clawr1.cli import openclaw as openclaw_cli
 from clawr1.cli import tasks as tasks_cli
 from clawr1.cli import versions as versions_cli
@@ -303,7 +304,7 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
             return 2
         numbers = bench.run(config, console, requests=args.requests, include_litellm=not args.no_litellm,
                             durable_both=args.durable == "both", workers=args.workers, fronts=args.fronts,
-                            rounds=args.rounds)
+                            rounds=args.rounds, profile=args.profile)
     elif args.what == "trainer":
         numbers = bench.run(config, console, device=args.device, dtype=args.dtype, shape=args.shape,
                             samples=args.samples, reply_tokens=args.reply_tokens,
@@ -478,6 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=openclaw_cli.cmd_openclaw_config)
 
     versions_cli.add_arguments(sub, _common)
+    memory_cli.add_arguments(sub, _common)
 
     p = sub.add_parser("bench", help="benchmarks that print side-by-side ratios")
     _common(p)
@@ -492,8 +494,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=1,
                    help="gateway: also run it with gateway.workers = N (front + N processes), for the scaling")
     p.add_argument("--fronts", type=int, default=1, help="gateway, with --workers: gateway.fronts (front processes)")
-    p.add_argument("--rounds", type=int, default=1,
+    p.add_argument("--rounds", type=int, default=3,
                    help="gateway: measure every target N times, taking turns; each number the median of its rounds")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="gateway: afterwards, profile one more gateway process and print its N costliest functions")
     p.add_argument("--device", default="cpu", help="trainer: torch device of both sides (cpu, cuda, cuda:N)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="trainer: base weights' dtype (LoRA stays float32)")
@@ -521,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         err_console.print(f"[red]config error:[/red] {escape(str(exc))}")  # its [..] is text, not markup
         return 2
     if args.command in ("up", "serve", "train"):  # long-running: their events (swaps, judge errors) are logged
-        from clawr1.cli import logs
+        from clawr1.entrypoints import logs
 
         logs.configure(config.log_format, logs.secrets_of(config), console=err_console)
     try:

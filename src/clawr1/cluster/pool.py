@@ -17,6 +17,7 @@ from typing import Any
 from clawr1.core.records import Hint, Reward, Step
 from clawr1.datapool.base import DataPool, PoolQueue, PoolReadModel
 
+
 class _RayPoolBase(DataPool):
     def __init__(self, actor: Any):
         self.actor = actor

@@ -158,7 +158,7 @@ class RouterEngine(Frontend):
             for index in [i for i, alive in enumerate(self.up) if not alive]:
                 try:
                     served = await asyncio.wait_for(self.replicas[index].ready.remote(), timeout=10)
-                except Exception as error:  # still restarting (or unreachable): ask again next round
+                except Exception as error:  # noqa: BLE001 - still restarting (or unreachable): ask again next round
                     log.debug("engine replica %d is not back yet: %r", index, error)
                     continue
                 missing = [n for n, v in self._versions.items() if served.get(n) != v]
@@ -167,7 +167,7 @@ class RouterEngine(Frontend):
                         await self.replicas[index].load_adapter.remote(name, str(self._paths[name]))
                     if self._weights_path is not None and served.get("weights") != self._weights_version:
                         await self.replicas[index].load_weights.remote(str(self._weights_path))
-                except Exception as error:  # it stays down (never serves stale weights); tried again next round
+                except Exception as error:  # noqa: BLE001 - it stays down (never serves stale weights); tried again next round
                     log.warning("engine replica %d is back but could not load the current versions (%r); "
                                 "keeping it out of rotation and trying again", index, error)
                     continue

@@ -36,7 +36,10 @@ class Step:
     stored once. `prompt_id` groups samples of the same prompt (GRPO groups in white-box mode).
     `messages` are the request's messages as sent. `next_state` is never written by callers: the
     pool fills it on read once the session's next main turn has arrived (that turn's messages
-    after this turn's reply: user text, tool results, each with its role).
+    after this turn's reply: user text, tool results, each with its role). `memory`: whose memory
+    the prompt carried, which entries and the exact text they added to `messages`
+    (`clawr1/core/memory.py`: `record`, and `without` for the messages the client sent); None when
+    the request named no user (or had the memory off).
     """
 
     step_id: str
@@ -60,6 +63,7 @@ class Step:
     created_at: float = field(default_factory=time.time)
     timings: dict[str, float] = field(default_factory=dict)
     next_state: list[dict[str, Any]] | None = None
+    memory: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for name in ("step_id", "session_id", "prompt_id", "tenant"):

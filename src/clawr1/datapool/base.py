@@ -201,6 +201,26 @@ class PoolQueue(ABC):
         and the scores it was based on."""
 
     @abstractmethod
+    def forget_memory(self, entry_id: int | None = None, *, tenant: str | None = None,
+                      user: str | None = None) -> list[int]:
+        """Forget a memory entry (`entry_id`, within `tenant` when given) or every active entry of
+        one user (`tenant` and `user` both): status `forgotten`, kept for its provenance (steps that
+        carried it name it), never added to a prompt again. Returns the ids forgotten."""
+
+    @abstractmethod
+    def switch_memory(self, tenant: str, user: str = "", off: bool = True) -> bool:
+        """Turn the memory off (`off`) or on again for one user of a tenant, or (`user` "") for the
+        whole tenant: no entry is made for them or added to their prompts while it is off. True if
+        that changed anything."""
+
+    @abstractmethod
+    def memory_changes(self, entries_since: int = 0, switches_since: int = 0) -> dict[str, Any]:
+        """The memory's changes after the given change numbers (0: the active entries and every
+        switch): `entries` (id, tenant, user_id, text, status, created_at, rev), `switches`
+        (tenant, user_id, off, rev), and `entries_rev` / `switches_rev` to ask from next time. The
+        gateway polls it (`memory.refresh_s`): a read of the index, nothing when nothing changed."""
+
+    @abstractmethod
     def mark_ready(self, step_id: str) -> bool:
         """Make a PENDING sample READY (e.g. a hint-only sample for distillation); False if it was
         not pending or the step is a side turn."""
@@ -348,11 +368,28 @@ class PoolReadModel(ABC):
                filters: ExportFilter | None = None) -> int:
         """Write main-turn samples in TRL's conversational form: `prompt` (the messages), `completion`
         (the assistant reply as a one-message list), with `reward`, `hint` (the one it trains with),
-        `session_id`, `turn_index`, `policy_version`, `tenant`, `created_at` and provenance. Returns
+        `session_id`, `turn_index`, `policy_version`, `tenant`, `created_at`, provenance, and
+        `memory` (JSON text: the memory entries the prompt carried and the text they added). Returns
         the row count. `jsonl`/`parquet` write one file (`datasets.load_dataset("json"|"parquet")`);
         `hf` a `datasets.Dataset.save_to_disk` directory (`datasets.load_from_disk`; needs the
         `datasets` package, refuses an existing path). `rewarded_only` is `filters.rewarded_only`.
         Atomic: nothing appears at `path` until the export is complete."""
+
+    @abstractmethod
+    def memory(self, tenant: str | None = None, user: str | None = None, status: str | None = None,
+               limit: int = 100) -> list[dict[str, Any]]:
+        """Memory entries, newest first (of one tenant, user, status, or all): the text, its topic,
+        status (and why: a refusal's reason; `replaced_by`), where it came from (`source`, the
+        corrected `step_id`, its `session_id`, the user's `correction`) and when."""
+
+    @abstractmethod
+    def memory_entry(self, entry_id: int, tenant: str | None = None) -> dict[str, Any]:
+        """One memory entry as `memory` lists it, with the entries it `replaced`; KeyError if none."""
+
+    @abstractmethod
+    def memory_switches(self, tenant: str | None = None) -> list[dict[str, Any]]:
+        """Where the memory is off at run time (`switch_memory`): tenant, user_id ("" = the whole
+        tenant), since when."""
 
     @abstractmethod
     def policy_versions(self, adapter: str | None = None) -> list[dict[str, Any]]:

@@ -13,9 +13,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from clawr1.core import memory
 from clawr1.core.records import Hint, Reward, SessionEvent
 from clawr1.datapool.base import UnknownSessionError, UnknownStepError
-from clawr1.datapool.schema import INSERT_STEP, STEP_COLUMNS, dumps, row_bytes, shard_key
+from clawr1.datapool.schema import INSERT_STEP, STEP_COLUMNS, dumps, next_state_of, row_bytes, shard_key
 
 # A batch of steps is stored with as few statements as SQLite's parameter limit allows, and what is
 # derived from them (sessions, samples, next-state links) is maintained once per batch, set-based:
@@ -282,6 +283,7 @@ def add_hint(conn: sqlite3.Connection, hint: Hint) -> None:
     _require_step(conn, hint.step_id)
     conn.execute("INSERT INTO hints (step_id, text, source, created_at) VALUES (?, ?, ?, ?)",
                  (hint.step_id, hint.text, hint.source, hint.created_at))
+    remember(conn, hint)
 
 
 def add_judgement(conn: sqlite3.Connection, reward: Reward, hint: Hint | None) -> None:
@@ -455,3 +457,101 @@ def record_version(conn: sqlite3.Connection, adapter: str, version: int, status:
                    scores: dict[str, Any]) -> None:
     conn.execute("INSERT INTO policy_versions (adapter, version, status, reason, scores, decided_at) "
                  "VALUES (?, ?, ?, ?, ?, ?)", (adapter, version, status, reason, json.dumps(scores), clock()))
+
+
+# ---- per-user memory (`clawr1/core/memory.py`) ------------------------------------------------
+
+def _rev(conn: sqlite3.Connection, table: str) -> int:
+    """The next change number of a memory table (one per transaction: every row it changes gets it)."""
+    return conn.execute(f"SELECT coalesce(max(rev), 0) + 1 FROM {table}").fetchone()[0]
+
+
+def _switched_off(conn: sqlite3.Connection, tenant: str, user: str) -> bool:
+    return conn.execute("SELECT 1 FROM memory_switches WHERE tenant = ? AND user_id IN ('', ?) AND off = 1 LIMIT 1",
+                        (tenant, user)).fetchone() is not None
+
+
+def _correction(conn: sqlite3.Connection, step_id: str) -> str | None:
+    """What the user said after a step (its next state's user text): the correction its hint came from."""
+    row = conn.execute("SELECT n.messages FROM samples s JOIN steps n ON n.step_id = s.next_step_id "
+                       "WHERE s.step_id = ?", (step_id,)).fetchone()
+    if row is None:
+        return None
+    said = []
+    for message in next_state_of(json.loads(row[0])):
+        content = message.get("content")
+        if message.get("role") == "user":
+            said.append(content if isinstance(content, str) else "".join(
+                str(p.get("text", "")) for p in content or [] if isinstance(p, dict)))
+    return " ".join(said)[: memory.MAX_CORRECTION_CHARS] or None
+
+
+def remember(conn: sqlite3.Connection, hint: Hint) -> int | None:
+    """A hint from a correction becomes a memory entry of the user whose turn it corrects (the one
+    the step's memory record names; a step without one named no user, or had the memory off), unless
+    the memory is switched off for them. A repeat of an active entry is not stored again; a newer
+    entry replaces the active ones on its topic; past `MAX_ACTIVE` the oldest are evicted. Bad input
+    is kept as `refused`, with why, and never reaches a prompt. Returns the new entry's id."""
+    if hint.source != "feedback" and hint.text.startswith(memory.TOOL_HINT_PREFIX):
+        return None  # one tool call's error, not the user's
+    row = conn.execute("SELECT tenant, session_id, memory FROM steps WHERE step_id = ?", (hint.step_id,)).fetchone()
+    user = None if row is None or row[2] is None else json.loads(row[2]).get("user")
+    if not user:
+        return None
+    tenant, session_id = row[0], row[1]
+    if _switched_off(conn, tenant, user):
+        return None
+    text = memory.fold(hint.text)
+    why = memory.refusal(text)
+    active = conn.execute("SELECT id, text, topic FROM memory_entries WHERE tenant = ? AND user_id = ? "
+                          "AND status = 'active' ORDER BY created_at, id", (tenant, user)).fetchall()
+    if why is None and any(memory.normal(t) == memory.normal(text) for _, t, _ in active):
+        return None  # a repeat (say, feedback on each of a completion's choices): the first stands
+    now, rev = clock(), _rev(conn, "memory_entries")
+    correction = hint.text if hint.source == "feedback" else _correction(conn, hint.step_id)
+    topic = memory.topic(text) if why is None else "refused"
+    entry = conn.execute(
+        "INSERT INTO memory_entries (tenant, user_id, text, topic, status, reason, source, step_id, session_id, "
+        "correction, created_at, updated_at, rev) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+        (tenant, user, text[: 4 * memory.MAX_ENTRY_CHARS], topic, "refused" if why else "active", why, hint.source,
+         hint.step_id, session_id, correction[: memory.MAX_CORRECTION_CHARS] if correction else None, now, now,
+         rev)).fetchone()[0]
+    if why is not None:
+        return entry
+    replaced = [i for i, _, t in active if t == topic]
+    kept = [i for i, _, t in active if t != topic]
+    evicted = kept[: max(0, len(kept) + 1 - memory.MAX_ACTIVE)]  # oldest first
+    for ids, status, by in ((replaced, "replaced", entry), (evicted, "evicted", None)):
+        if ids:
+            conn.execute(f"UPDATE memory_entries SET status = ?, replaced_by = ?, updated_at = ?, rev = ? "
+                         f"WHERE id IN ({', '.join('?' * len(ids))})", (status, by, now, rev, *ids))
+    return entry
+
+
+def forget_memory(conn: sqlite3.Connection, entry_id: int | None, tenant: str | None, user: str | None) -> list[int]:
+    """Forget one entry (by id, within `tenant` when given), or every active entry of a user of a
+    tenant: it leaves the prompts at the gateways' next read. Returns the ids forgotten (an entry
+    already forgotten is not counted again)."""
+    if entry_id is not None:
+        rows = conn.execute("SELECT id FROM memory_entries WHERE id = ? AND tenant = coalesce(?, tenant) "
+                            "AND status IN ('active', 'replaced', 'evicted', 'refused')", (entry_id, tenant)).fetchall()
+    else:
+        rows = conn.execute("SELECT id FROM memory_entries WHERE tenant = ? AND user_id = ? AND status = 'active'",
+                            (tenant, user)).fetchall()
+    ids = [r[0] for r in rows]
+    if ids:
+        conn.execute(f"UPDATE memory_entries SET status = 'forgotten', updated_at = ?, rev = ? "
+                     f"WHERE id IN ({', '.join('?' * len(ids))})", (clock(), _rev(conn, "memory_entries"), *ids))
+    return ids
+
+
+def switch_memory(conn: sqlite3.Connection, tenant: str, user: str, off: bool) -> bool:
+    """Turn the memory off (or on again) for a user of a tenant, or (`user` '') the whole tenant.
+    True if that changed anything."""
+    row = conn.execute("SELECT off FROM memory_switches WHERE tenant = ? AND user_id = ?", (tenant, user)).fetchone()
+    if (row[0] if row else 0) == int(off):
+        return False
+    conn.execute("INSERT INTO memory_switches (tenant, user_id, off, updated_at, rev) VALUES (?, ?, ?, ?, ?) "
+                 "ON CONFLICT (tenant, user_id) DO UPDATE SET off = excluded.off, updated_at = excluded.updated_at, "
+                 "rev = excluded.rev", (tenant, user, int(off), clock(), _rev(conn, "memory_switches")))
+    return True

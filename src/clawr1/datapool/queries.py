@@ -10,8 +10,9 @@ import json
 import os
 import shutil
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from clawr1.core.records import SAMPLE_STATUSES, Step
 from clawr1.datapool.base import EXPORT_FORMATS, ExportFilter, UnknownStepError
@@ -45,6 +46,8 @@ def stats(conn: sqlite3.Connection, tenant: str | None = None) -> dict[str, Any]
         **by_status,
         "dropped_by_reason": dict(conn.execute(f"SELECT reason, count(*) FROM samples WHERE status = 'dropped' "
                                                f"AND {mine} GROUP BY reason", (tenant,)).fetchall()),
+        # Turns the reward worker gave up judging (`reward.max_judge_attempts`): never trained on.
+        "judge_gave_up": one("SELECT count(*) FROM samples WHERE judge_gave_up_at IS NOT NULL AND {mine}"),
         "stored_bytes": one("SELECT coalesce(sum(bytes), 0) FROM tenant_usage WHERE {mine}"),
         "open_leases": _one(conn, "SELECT count(*) FROM leases WHERE state = 'open'"),
         "policy_versions": None if versions[0] is None else list(versions),  # [oldest, newest]
@@ -254,7 +257,7 @@ def export_rows(conn: sqlite3.Connection, filters: ExportFilter) -> Iterator[dic
         where.append("s.reward IS NOT NULL")
     for row in conn.execute(
             "SELECT t.step_id, t.tenant, t.session_id, t.prompt_id, t.turn_index, t.policy_version, t.messages, "
-            "t.tools, t.text, t.finish_reason, t.created_at, n.messages AS next_messages, s.reward, s.status, "
+            "t.tools, t.text, t.finish_reason, t.created_at, t.memory, n.messages AS next_messages, s.reward, s.status, "
             f"{_HINT} AS hint FROM steps t JOIN samples s ON s.step_id = t.step_id "
             f"LEFT JOIN steps n ON n.step_id = s.next_step_id WHERE {' AND '.join(where)} ORDER BY t.rowid", params):
         prompt = [_export_message(m) for m in json.loads(row["messages"])]
@@ -270,6 +273,8 @@ def export_rows(conn: sqlite3.Connection, filters: ExportFilter) -> Iterator[dic
             "policy_version": row["policy_version"], "created_at": row["created_at"],
             "finish_reason": row["finish_reason"], "status": row["status"],
             "next_state": None if next_messages is None else dumps(next_state_of(next_messages)),
+            # JSON text: whose memory the prompt carried, its entries (id, text), the text they added.
+            "memory": row["memory"],
         }
 
 
@@ -354,3 +359,51 @@ def policy_versions(conn: sqlite3.Connection, adapter: str | None) -> list[dict[
     rows = conn.execute("SELECT adapter, version, status, reason, scores, decided_at FROM policy_versions "
                         "WHERE adapter = coalesce(?1, adapter) ORDER BY id", (adapter,)).fetchall()
     return [{**dict(row), "scores": json.loads(row["scores"])} for row in rows]
+
+
+# ---- per-user memory ---------------------------------------------------------------------------
+
+_ENTRY_COLUMNS = ("id, tenant, user_id, text, topic, status, reason, source, step_id, session_id, correction, "
+                  "replaced_by, created_at, updated_at, rev")
+
+
+def memory_entries(conn: sqlite3.Connection, tenant: str | None, user: str | None, status: str | None,
+                   limit: int) -> list[dict[str, Any]]:
+    """Entries, newest first, of one tenant / user / status or all."""
+    rows = conn.execute(f"SELECT {_ENTRY_COLUMNS} FROM memory_entries WHERE tenant = coalesce(?1, tenant) "
+                        "AND user_id = coalesce(?2, user_id) AND status = coalesce(?3, status) ORDER BY id DESC "
+                        "LIMIT ?4", (tenant, user, status, limit)).fetchall()
+    return [dict(row) for row in rows]
+
+
+def memory_entry(conn: sqlite3.Connection, entry_id: int, tenant: str | None) -> dict[str, Any]:
+    """One entry, with the entries it replaced."""
+    row = conn.execute(f"SELECT {_ENTRY_COLUMNS} FROM memory_entries WHERE id = ? AND tenant = coalesce(?, tenant)",
+                       (entry_id, tenant)).fetchone()
+    if row is None:
+        raise KeyError(f"no memory entry {entry_id}")
+    entry = dict(row)
+    entry["replaced"] = [dict(r) for r in conn.execute(
+        f"SELECT {_ENTRY_COLUMNS} FROM memory_entries WHERE replaced_by = ? ORDER BY id", (entry_id,))]
+    return entry
+
+
+def memory_changes(conn: sqlite3.Connection, entries_since: int, switches_since: int) -> dict[str, Any]:
+    """What changed since the given change numbers: every entry row changed (from 0: the active
+    ones only) and every switch, with the newest change numbers to ask from next time."""
+    status = "" if entries_since else " AND status = 'active'"
+    entries = [dict(r) for r in conn.execute(
+        f"SELECT id, tenant, user_id, text, status, created_at, rev FROM memory_entries WHERE rev > ?{status} "
+        "ORDER BY rev, id", (entries_since,))]
+    switches = [dict(r) for r in conn.execute(
+        "SELECT tenant, user_id, off, rev FROM memory_switches WHERE rev > ? ORDER BY rev", (switches_since,))]
+    return {"entries": entries, "switches": switches,
+            "entries_rev": _one(conn, "SELECT coalesce(max(rev), 0) FROM memory_entries"),
+            "switches_rev": _one(conn, "SELECT coalesce(max(rev), 0) FROM memory_switches")}
+
+
+def memory_switches(conn: sqlite3.Connection, tenant: str | None) -> list[dict[str, Any]]:
+    """Where the memory is switched off at run time: (tenant, user_id ('' = the whole tenant), since)."""
+    rows = conn.execute("SELECT tenant, user_id, updated_at FROM memory_switches WHERE off = 1 "
+                        "AND tenant = coalesce(?, tenant) ORDER BY tenant, user_id", (tenant,)).fetchall()
+    return [dict(row) for row in rows]

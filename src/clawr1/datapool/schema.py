@@ -11,8 +11,10 @@ session's next main turn, whose messages after the last assistant reply are that
 Schema versions: v2 added the judge's bookkeeping to samples (shard key, failed attempts, the
 give-up); v3 the guard's decision log (`policy_versions`); v4 each tenant's stored bytes
 (`tenant_usage`, counted from the steps an older file holds when it is opened) and each step's
-sampling cut (`top_p`, `top_k`: older steps were sampled uncut, the defaults). An older file gets the columns it lacks (`ADDED_COLUMNS`) when it is opened; a newer one
-is refused.
+sampling cut (`top_p`, `top_k`: older steps were sampled uncut, the defaults). An older file gets
+the columns it lacks (`ADDED_COLUMNS`) when it is opened; a newer one is refused. v5 added the
+per-user memory (`memory_entries`, `memory_switches`) and each step's memory record (`steps.memory`:
+which entries its prompt carried and the text they added; `clawr1/core/memory.py`).
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ import json
 import sqlite3
 import struct
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from clawr1.core.config import PoolConfig
 from clawr1.core.records import Step
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS steps (
@@ -50,7 +53,8 @@ CREATE TABLE IF NOT EXISTS steps (
     prompt_ids BLOB NOT NULL,
     token_ids BLOB NOT NULL,
     logprobs BLOB NOT NULL,
-    timings TEXT NOT NULL
+    timings TEXT NOT NULL,
+    memory TEXT  -- JSON (schema v5): whose memory the prompt carried, which entries, the text added (NULL: none)
 );
 -- Steps are never updated: per-sample state lives in the small `samples` rows.
 CREATE INDEX IF NOT EXISTS steps_by_session ON steps (tenant, session_id, turn_index);
@@ -165,6 +169,44 @@ CREATE TABLE IF NOT EXISTS policy_versions (
 );
 CREATE INDEX IF NOT EXISTS policy_versions_by_adapter ON policy_versions (adapter, version);
 
+-- Per-user memory (schema v5): an entry is a hint from a correction of a user's turn, kept for
+-- that user (`user_id`: `user:<id>`, `session:<id>` or `tenant`, within its tenant), with where it
+-- came from (the corrected step, its session, the correction) and its fate: `active` (added to the
+-- user's prompts), `replaced` (by `replaced_by`, a newer entry on its topic), `forgotten` (an
+-- admin), `refused` (bad input: `reason`), `evicted` (past the per-user cap). `rev` grows with
+-- every change (one value per transaction): a gateway reads only the rows changed since its last.
+CREATE TABLE IF NOT EXISTS memory_entries (
+    id INTEGER PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    user_id TEXT NOT NULL,
+    text TEXT NOT NULL,
+    topic TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('active', 'replaced', 'forgotten', 'refused', 'evicted')),
+    reason TEXT,
+    source TEXT NOT NULL,
+    step_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    correction TEXT,
+    replaced_by INTEGER,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    rev INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS memory_entries_by_user ON memory_entries (tenant, user_id, status);
+CREATE INDEX IF NOT EXISTS memory_entries_by_rev ON memory_entries (rev);
+
+-- The memory turned off at run time (`clawr1 memory off`): for one user, or (`user_id` '') a
+-- whole tenant; `off` 0 once turned on again. `rev` as the entries'.
+CREATE TABLE IF NOT EXISTS memory_switches (
+    tenant TEXT NOT NULL,
+    user_id TEXT NOT NULL,
+    off INTEGER NOT NULL,
+    updated_at REAL NOT NULL,
+    rev INTEGER NOT NULL,
+    PRIMARY KEY (tenant, user_id)
+);
+CREATE INDEX IF NOT EXISTS memory_switches_by_rev ON memory_switches (rev);
+
 -- What each tenant's steps take (schema v4): the characters and bytes of their stored fields, kept
 -- in the transaction that stores them, so the gateway's storage quota reads one small row.
 CREATE TABLE IF NOT EXISTS tenant_usage (
@@ -175,7 +217,7 @@ CREATE TABLE IF NOT EXISTS tenant_usage (
 
 STEP_COLUMNS = ("step_id", "tenant", "session_id", "prompt_id", "turn_index", "turn_type", "policy_version",
                 "adapter", "finish_reason", "temperature", "top_p", "top_k", "created_at", "messages", "tools", "text",
-                "prompt_ids", "token_ids", "logprobs", "timings")
+                "prompt_ids", "token_ids", "logprobs", "timings", "memory")
 INSERT_STEP = f"INSERT INTO steps ({', '.join(STEP_COLUMNS)}) VALUES"  # + one (?, ...) group per row
 
 
@@ -184,6 +226,7 @@ INSERT_STEP = f"INSERT INTO steps ({', '.join(STEP_COLUMNS)}) VALUES"  # + one (
 ADDED_COLUMNS = (
     ("steps", "top_p", "REAL NOT NULL DEFAULT 1.0"),
     ("steps", "top_k", "INTEGER NOT NULL DEFAULT 0"),
+    ("steps", "memory", "TEXT"),
     ("sessions", "key_hash", "TEXT"),
     ("samples", "shard_key", "INTEGER NOT NULL DEFAULT 0"),
     ("samples", "judge_attempts", "INTEGER NOT NULL DEFAULT 0"),
@@ -202,11 +245,11 @@ def shard_key(step_id: str) -> int:
 
 # A step's stored size, as `row_bytes` counts it at insert, in SQL (for the steps of an older file).
 STEP_BYTES_SQL = ("length(step_id) + length(messages) + coalesce(length(tools), 0) + length(text) + length(prompt_ids) "
-                  "+ length(token_ids) + length(logprobs) + length(timings)")
+                  "+ length(token_ids) + length(logprobs) + length(timings) + coalesce(length(memory), 0)")
 
 
 _COUNTED = tuple(STEP_COLUMNS.index(c) for c in ("step_id", "messages", "tools", "text", "prompt_ids", "token_ids",
-                                                 "logprobs", "timings"))
+                                                 "logprobs", "timings", "memory"))
 
 
 def row_bytes(row: tuple) -> int:
@@ -332,7 +375,8 @@ def step_row(step: Step) -> tuple:
     return (step.step_id, step.tenant, step.session_id, step.prompt_id, step.turn_index, step.turn_type,
             step.policy_version, step.adapter, step.finish_reason, step.temperature, step.top_p, step.top_k, step.created_at,
             dumps(step.messages), None if step.tools is None else dumps(step.tools), step.text,
-            pack_ints(step.prompt_ids), pack_ints(step.token_ids), pack_floats(step.logprobs), dumps(step.timings))
+            pack_ints(step.prompt_ids), pack_ints(step.token_ids), pack_floats(step.logprobs), dumps(step.timings),
+            None if step.memory is None else dumps(step.memory))
 
 
 def row_step(row: sqlite3.Row, next_messages: str | None = None) -> Step:
@@ -348,4 +392,5 @@ def row_step(row: sqlite3.Row, next_messages: str | None = None) -> Step:
         top_p=row["top_p"], top_k=row["top_k"],
         created_at=row["created_at"], timings=json.loads(row["timings"]),
         next_state=None if next_messages is None else next_state_of(json.loads(next_messages)),
+        memory=None if row["memory"] is None else json.loads(row["memory"]),
     )

@@ -130,6 +130,20 @@ class SQLPool(DataPool):
     def mark_ready(self, step_id: str) -> bool:
         return self._writer.run(partial(ops.mark_ready, step_id=step_id))
 
+    def forget_memory(self, entry_id: int | None = None, *, tenant: str | None = None,
+                      user: str | None = None) -> list[int]:
+        if entry_id is None and not (tenant and user):
+            raise ValueError("name an entry id, or a tenant and a user")
+        return self._writer.run(partial(ops.forget_memory, entry_id=entry_id, tenant=tenant, user=user))
+
+    def switch_memory(self, tenant: str, user: str = "", off: bool = True) -> bool:
+        if not tenant:
+            raise ValueError("name the tenant")
+        return self._writer.run(partial(ops.switch_memory, tenant=tenant, user=user, off=off))
+
+    def memory_changes(self, entries_since: int = 0, switches_since: int = 0) -> dict[str, Any]:
+        return self._read(queries.memory_changes, entries_since, switches_since)
+
     def judge_failed(self, step_id: str, error: str, max_attempts: int, retry_s: float) -> bool:
         if max_attempts < 1 or retry_s <= 0:
             raise ValueError(f"max_attempts must be >= 1 and retry_s > 0, got {max_attempts} and {retry_s}")
@@ -217,7 +231,7 @@ class SQLPool(DataPool):
     def check_writable(self) -> str | None:
         try:
             self._writer.check(self._touch)
-        except Exception as error:  # the answer, as a value: the caller keeps refusing and asks again
+        except Exception as error:  # noqa: BLE001 - the answer, as a value: the caller keeps refusing and asks again
             return f"{type(error).__name__}: {error}"
         return None
 
@@ -235,6 +249,16 @@ class SQLPool(DataPool):
 
     def policy_versions(self, adapter: str | None = None) -> list[dict[str, Any]]:
         return self._read(queries.policy_versions, adapter)
+
+    def memory(self, tenant: str | None = None, user: str | None = None, status: str | None = None,
+               limit: int = 100) -> list[dict[str, Any]]:
+        return self._read(queries.memory_entries, tenant, user, status, limit)
+
+    def memory_entry(self, entry_id: int, tenant: str | None = None) -> dict[str, Any]:
+        return self._read(queries.memory_entry, entry_id, tenant)
+
+    def memory_switches(self, tenant: str | None = None) -> list[dict[str, Any]]:
+        return self._read(queries.memory_switches, tenant)
 
     def lease_ready_times(self, lease_ids: Iterable[str]) -> dict[str, list[float]]:
         return self._read(queries.lease_ready_times, list(lease_ids))

@@ -24,9 +24,10 @@ import random
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from itertools import groupby
-from typing import Any, Callable
+from typing import Any
 
 from clawr1.datapool.base import PoolFullError
 
@@ -155,7 +156,7 @@ class GroupCommitWriter:
                 results.extend(op(conn, [arg for _, arg, _ in group]))
             in_op = False
             conn.execute("COMMIT")
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - retried, or delivered to each write's future below
             self._rollback(error)
             if self._retryable(error) and attempt < 20:
                 # A concurrent writer (another gateway on PostgreSQL) won a conflict: nothing of this
@@ -194,5 +195,5 @@ class GroupCommitWriter:
             return
         try:
             self._conn.execute("ROLLBACK")
-        except Exception as rollback_error:
+        except Exception as rollback_error:  # noqa: BLE001 - noted on the batch's error; the writer goes on
             error.add_note(f"and the ROLLBACK failed: {type(rollback_error).__name__}: {rollback_error}")

@@ -33,12 +33,13 @@ from rich.console import Console, Group
 from rich.live import Live
 
 from clawr1.core.config import Config, to_toml
+from clawr1.core.records import POLICY
+from clawr1.datapool import DataPool, open_existing_pool
 from clawr1.demo.evaluate import EvalResult, evaluate
 from clawr1.demo.live import QualityTracker, Scoreboard, live_table, talk, version_of
 from clawr1.demo.preferences import DEFAULT_PREFERENCES, parse_preferences
 from clawr1.demo.report import summary
 from clawr1.demo.users import HELD_OUT, make_users
-from clawr1.trainer.history import read_metrics
 
 __all__ = ["DemoSettings", "MainJob", "Scoreboard", "run_demo", "summary", "version_of"]
 
@@ -164,10 +165,15 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
     job = MainJob(config, settings, run_dir, model_path)
     started = time.monotonic()
     client: AsyncOpenAI | None = None
+    pool: DataPool | None = None
     curve: list[dict[str, Any]] = []
+    metrics: list[dict[str, Any]] = []
     try:
         with console.status(f"Starting `clawr1 up` on {job.base_url} (log {job.log_path}) ..."):
             await asyncio.to_thread(job.start)
+        # The main job's pool, read as the dashboard reads it: each version's trainer metrics are
+        # rows of its version log (`trained_versions`), wherever the trainer ran.
+        pool = open_existing_pool(config.model_copy(update={"data_dir": run_dir}))
         client = AsyncOpenAI(base_url=f"{job.base_url}/v1", api_key="demo", max_retries=0, timeout=600)
         eval_users = make_users(len(settings.preferences), settings.seed + 7919, settings.preferences)
 
@@ -209,7 +215,7 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
                 if evaluating is not None and evaluating.done():
                     curve.append(_point(evaluating.result()))
                     evaluating = None
-                live.update(Group(live_table(board, read_metrics(run_dir), settings.method, started, curve)))
+                live.update(Group(live_table(board, await trained(pool), settings.method, started, curve)))
                 if not console.is_terminal and board.latest() > shown:  # a log file gets one line per version
                     shown, rows = board.latest(), board.per_version()
                     row = rows[-2] if len(rows) > 1 else rows[-1]
@@ -224,7 +230,7 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
                 await tracker.flush()
             if evaluating is not None:
                 curve.append(_point(await evaluating))
-            live.update(Group(live_table(board, read_metrics(run_dir), settings.method, started, curve)))
+            live.update(Group(live_table(board, await trained(pool), settings.method, started, curve)))
         talk_s = time.monotonic() - talk_started
         after = None
         if before is not None:
@@ -234,7 +240,11 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
         if client is not None:
             await client.close()  # before the loop ends, or its connections are closed on a dead loop
         await asyncio.to_thread(job.stop)
-    metrics = read_metrics(run_dir)
+        if pool is not None:
+            try:
+                metrics = await trained(pool)  # every version the trainer published, read once it stopped
+            finally:
+                pool.close()
     result = {
         "method": settings.method, "settings": settings.model_dump(), "wall_s": time.monotonic() - started,
         "talk_s": talk_s, "replies": board.replies, "reached_version": board.latest(),
@@ -247,6 +257,12 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
     (run_dir / "demo.json").write_text(json.dumps(result, indent=1))
     summary(result, console)
     return result
+
+
+async def trained(pool: DataPool) -> list[dict[str, Any]]:
+    """The trainer's metrics per published version of the shared policy, oldest first (off the
+    event loop: a pool read)."""
+    return await asyncio.to_thread(pool.trained_versions, POLICY)
 
 
 def _point(result: EvalResult) -> dict[str, Any]:

@@ -62,7 +62,8 @@ class ChatFormat:
                 fns = [c.get("function", {}) for c in calls]
                 if self.native_tools:
                     out.append({"role": "assistant", "content": content, "tool_calls": [
-                        {"type": "function", "function": {"name": f.get("name", ""), "arguments": arguments_value(f.get("arguments", "{}"))}}
+                        {"type": "function",
+                         "function": {"name": f.get("name", ""), "arguments": arguments_value(f.get("arguments", "{}"))}}
                         for f in fns
                     ]})
                     continue

@@ -27,9 +27,10 @@ import logging
 import queue
 import random
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -234,7 +235,7 @@ class LocalEngine(Frontend):
         def run() -> None:
             try:
                 future.set_result(fn())
-            except BaseException as exc:  # delivered to the awaiting caller, not swallowed
+            except BaseException as exc:  # noqa: BLE001 - delivered to the awaiting caller, not swallowed
                 future.set_exception(exc)
 
         self._commands.put(run)
@@ -496,7 +497,7 @@ class LocalEngine(Frontend):
         self._weights_pending = None
         try:
             self._copy_weights(state, version)
-        except Exception as exc:  # delivered to the callers; serving goes on with the old weights
+        except Exception as exc:  # noqa: BLE001 - delivered to the callers; serving goes on with the old weights
             _answer(waiters, error=exc)
             return
         _answer(waiters, version)

@@ -140,7 +140,7 @@ class RemoteEngine(Frontend, ABC):
             return version
         served = served_name(name, version)
         try:
-            await self._load(served, Path(path).resolve())
+            await self._load(served, Path(path).resolve())  # noqa: ASYNC240 - one path a version swap, not a request
         except httpx.HTTPError as exc:
             raise AdapterError(f"the server did not load {path}: {exc}") from exc
         self._adapters[name] = (served, version)  # the flip: new requests get it from here on

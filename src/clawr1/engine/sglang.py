@@ -70,7 +70,7 @@ class SGLangEngine(RemoteEngine):
         says which weights produced it. SGLang applies it between batches, so no request fails."""
         version = int(store.read_weights_marker(Path(path))["version"])
         response = await self.client.post("/update_weights_from_disk", json={
-            "model_path": str(Path(path).resolve()), "weight_version": str(version)})
+            "model_path": str(Path(path).resolve()), "weight_version": str(version)})  # noqa: ASYNC240 - once a version
         raise_for_status(response, "SGLang update_weights_from_disk")
         if not response.json().get("success", False):
             raise AdapterError(f"SGLang did not load the weights at {path}: {response.json().get('message')}")

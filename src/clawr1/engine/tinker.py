@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from clawr1.core.config import Config
+from clawr1.core.tinker import service_client
 from clawr1.core.types import AdapterError, Generation, SamplingParams
 from clawr1.engine import adapters as store
 from clawr1.engine.remote import RemoteEngine
@@ -29,8 +30,6 @@ from clawr1.engine.remote import RemoteEngine
 
 class TinkerEngine(RemoteEngine):
     def __init__(self, model_path: Path, config: Config, service: Any = None):
-        from clawr1.trainer.tinker import service_client
-
         super().__init__(model_path, config.engine.model_copy(update={"url": config.engine.url or "http://tinker.invalid"}))
         self.timeout = config.tinker.timeout_s
         self.base_model = config.tinker.base_model

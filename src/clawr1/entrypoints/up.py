@@ -1,6 +1,6 @@
 """`clawr1 up`: the main job. Here: the gateway and the judge in this process, the trainer as a
 child process kept running by the supervisor, and the inference server when `up` starts it. With
-`--ray`: every role as Ray actors (`clawr1.cluster.launch`)."""
+`--ray`: every role as Ray actors (`clawr1.entrypoints.up_ray`)."""
 
 from __future__ import annotations
 
@@ -143,7 +143,7 @@ def _up_local(args: argparse.Namespace, config: Config, server: Any) -> int:
 
 
 def _up_ray(args: argparse.Namespace, config: Config) -> int:
-    from clawr1.cluster.launch import up_ray
+    from clawr1.entrypoints.up_ray import up_ray
 
     def ready(port: int, note: str) -> None:
         url = f"{config.gateway.scheme}://{config.gateway.host}:{port}/v1"

@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--engine", help="module:attribute building the engine (default: the configured one)")
     args = parser.parse_args(argv)
-    from clawr1.cli import logs
+    from clawr1.entrypoints import logs
     from clawr1.entrypoints.console import err_console
 
     config = Config.model_validate(tomllib.loads(sys.stdin.read()))

@@ -69,7 +69,7 @@ class Env(ABC):
         default; envs whose tools report failure otherwise (an exit code) say so."""
         return message.startswith("Error")
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a no-op unless the env holds a workspace: not abstract
         """Release the workspace."""
 
     @property

@@ -1,9 +1,10 @@
 """The gateway app: assembles the routers around one `Gateway` (`service.py`). Routes import the
 serving layer (`service.py`, `pipeline.py`), never this module.
 
-Every generation route (chat, completions, Anthropic Messages, Responses) runs through one request
-pipeline (`pipeline.py`); the others are `lifecycle.py` (feedback, close, admin), `/metrics`, the
-dashboard, `/v1/models` and `/healthz`.
+Every generation route (chat, completions, Anthropic Messages, Responses, and the agent frameworks'
+URL schemes over them: one module each in `wire/`) runs through one request pipeline
+(`pipeline.py`); the others are `lifecycle.py` (feedback, close, admin), `/metrics`, the dashboard,
+`/v1/models` and `/healthz`.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from clawr1.core.config import Config
 from clawr1.datapool.base import DataPool
 from clawr1.engine.base import Engine
 from clawr1.gateway import errors, schema
+from clawr1.gateway.hot import HotRoutes
 from clawr1.gateway.ids import new_id
 from clawr1.gateway.metrics import MetricsMiddleware
 from clawr1.gateway.metrics import router as metrics_router
-from clawr1.gateway.hot import HotRoutes
 from clawr1.gateway.service import Caller, Gateway
 
 __all__ = ["Caller", "Gateway", "create_app", "new_id"]  # older imports of these names keep working
@@ -38,18 +39,8 @@ def create_app(engine: Engine, pool: DataPool, config: Config, worker: int = 0,
     routes straight to the pipeline, counted and guarded as the metrics and error layers would). `.state.gateway` is the
     `Gateway`. With `gateway.workers` > 1: this process's index, and the key the front process
     asks `/internal/match` with."""
-    from clawr1.gateway import (
-        anthropic,
-        areal,
-        chat,
-        completions,
-        dashboard,
-        lifecycle,
-        lightning,
-        quality_routes,
-        responses,
-        rllm,
-    )
+    from clawr1.gateway import dashboard, lifecycle, quality_routes
+    from clawr1.gateway.wire import anthropic, areal, chat, completions, lightning, responses, rllm
 
     gateway = Gateway(engine, pool, config, worker, internal_key)
 
@@ -59,8 +50,9 @@ def create_app(engine: Engine, pool: DataPool, config: Config, worker: int = 0,
         if restored:
             log.info("restored %d open sessions for history matching", restored)
         gateway.usage = await asyncio.to_thread(pool.tenant_usage)
+        await asyncio.to_thread(gateway.memory.refresh)  # every user's active memory entries
         background = [asyncio.create_task(gateway.sweep_idle()), asyncio.create_task(gateway.watch_versions()),
-                      asyncio.create_task(gateway.watch_usage())]
+                      asyncio.create_task(gateway.watch_usage()), asyncio.create_task(gateway.memory.watch())]
         try:
             yield
         finally:
@@ -89,7 +81,7 @@ def create_app(engine: Engine, pool: DataPool, config: Config, worker: int = 0,
 
     app.include_router(rllm.router)  # first: `/sessions/{id}/v1/...` has the shape of `/{traj}/{prompt}/v1/...`
     app.include_router(chat.router)
-    app.include_router(areal.chat_router)  # before `/{traj}/{prompt}/completions`: see areal.py
+    app.include_router(areal.chat_router)  # before `/{traj}/{prompt}/completions`: see wire/areal.py
     app.include_router(completions.router)
     app.include_router(lifecycle.router)
     app.include_router(quality_routes.router)

@@ -13,15 +13,15 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from clawr1.core.types import EngineError
-from clawr1.gateway.anthropic import MESSAGES
 from clawr1.gateway.body import read_json
-from clawr1.gateway.chat import CHAT
 from clawr1.gateway.dispatch import KEY_HEADER, PATH_HEADER
 from clawr1.gateway.errors import APIError, validate
 from clawr1.gateway.matcher import is_summariser_call
 from clawr1.gateway.pipeline import Wire, body_session_fields, check_context
-from clawr1.gateway.responses import RESPONSES
 from clawr1.gateway.service import Gateway, client_of
+from clawr1.gateway.wire.anthropic import MESSAGES
+from clawr1.gateway.wire.chat import CHAT
+from clawr1.gateway.wire.responses import RESPONSES
 
 WIRES: dict[str, Wire] = {"/v1/chat/completions": CHAT, "/chat/completions": CHAT, "/v1/messages": MESSAGES,
                           "/v1/responses": RESPONSES, "/responses": RESPONSES}

@@ -14,10 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from clawr1.core.config import TENANT_NAME
 from clawr1.core.records import DEFAULT_TENANT
 from clawr1.datapool.base import UnknownSessionError, UnknownStepError
-from clawr1.gateway.service import Caller, Gateway
 from clawr1.gateway.errors import APIError
 from clawr1.gateway.ids import new_id
 from clawr1.gateway.schema import check_id, request_body
+from clawr1.gateway.service import Caller, Gateway
 
 router = APIRouter()
 

@@ -21,7 +21,7 @@ import collections
 import hmac
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -29,14 +29,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from clawr1.core.records import DEFAULT_TENANT
+from clawr1.core.records import DEFAULT_TENANT, POLICY
 from clawr1.core.types import Generation, TokenEvent
 from clawr1.gateway.errors import APIError
 
 if TYPE_CHECKING:
-    from clawr1.datapool.base import PoolQueue
-    from clawr1.engine.base import GenerationStream
-    from clawr1.gateway.service import Gateway
+    from clawr1.core.config import Config
+    from clawr1.datapool.base import DataPool
+    from clawr1.engine.base import Engine, GenerationStream
+    from clawr1.gateway.sessions import SessionResolver
+    from clawr1.gateway.throttle import Throttle
     from clawr1.reward.worker import RewardWorker
 
 # From a fake backend's ~1 ms to a CPU model's minutes-long reply.
@@ -46,10 +48,33 @@ UNMATCHED = "unmatched"  # requests no route matched share one label, whatever p
 router = APIRouter()
 
 
+class Observed(Protocol):
+    """What the metrics read of the gateway, when scraped and to authorize a scrape (`Gateway` of
+    `service.py` is one). Named here, not imported: the service builds its `GatewayMetrics`, so an
+    import back would close a circle."""
+
+    config: Config
+    pool: DataPool
+    engine: Engine
+    sessions: SessionResolver
+    throttle: Throttle
+    swaps: list[tuple[float, str, int, float]]  # (when, adapter, version, load seconds)
+    agent_keys: list[tuple[bytes, str]]  # (key, tenant)
+    guard: Any  # the `Guard`, when it runs
+    metrics: GatewayMetrics
+
+    @property
+    def pending(self) -> int: ...
+
+    def served_version(self, tenant: str = DEFAULT_TENANT) -> int: ...
+
+    def serving_behind(self) -> dict[str, int]: ...
+
+
 class GatewayMetrics:
     """The metrics of one gateway: counters updated as requests are served, levels read at scrape."""
 
-    def __init__(self, gateway: Gateway):
+    def __init__(self, gateway: Observed):
         self.registry = r = CollectorRegistry()
         self.requests = Counter("clawr1_requests", "HTTP requests answered, by route template and status code",
                                 ["route", "status"], registry=r)
@@ -66,8 +91,20 @@ class GatewayMetrics:
         self.generations = Counter("clawr1_generations", "Finished generations handed to the pool, by finish "
                                    "reason (aborted: client gone or timed out)", ["finish_reason"], registry=r)
         self.ready = Gauge("clawr1_pool_ready_samples", "READY samples waiting for the trainer", registry=r)
+        self.trained = Gauge("clawr1_trained_version", "The newest trained version of the shared policy, what "
+                             "it learned from: samples; no_signal (samples with neither a reward nor a hint); "
+                             "kl_silent (1: a KL term configured but 0); lost_<why> (turns that left training "
+                             "unused since the version before: masked, stale, poison, judge)", ["measure"],
+                             registry=r)
         self.ready_age = Gauge("clawr1_pool_oldest_ready_age_seconds", "How long the oldest READY sample has "
                                "waited (0 when none)", registry=r)
+        self.memory_prompts = Counter("clawr1_memory_prompts", "Prompts a user's memory entries were added to "
+                                      "(`clawr1/core/memory.py`)", registry=r)
+        self.memory_entries_added = Counter("clawr1_memory_entries_added", "Memory entries added to prompts (each "
+                                            "counts once per prompt that got it)", registry=r)
+        self.memory_active = Gauge("clawr1_memory_active_entries", "Active memory entries this gateway holds, all "
+                                   "users", registry=r)
+        self.memory_active.set_function(lambda: memory.active() if (memory := getattr(gateway, "memory", None)) else 0)
         self.judges: list[RewardWorker] = []
         r.register(_Levels(gateway, self.judges))
         self._requests: dict[tuple[str, int], tuple[Any, Any]] = {}  # cached label children
@@ -85,6 +122,11 @@ class GatewayMetrics:
         children[0].inc()
         children[1].observe(seconds)
 
+    def memory_recalled(self, entries: int) -> None:
+        """A prompt got `entries` memory entries of its user."""
+        self.memory_prompts.inc()
+        self.memory_entries_added.inc(entries)
+
     def generation_done(self, gen: Generation) -> None:
         reason = gen.finish_reason or "aborted"
         child = self._finished.get(reason)
@@ -97,11 +139,17 @@ class GatewayMetrics:
     def timed(self, stream: GenerationStream) -> TimedStream:
         return TimedStream(stream, self.ttft, time.perf_counter())
 
-    def refresh_pool(self, pool: PoolQueue) -> None:
+    def refresh_pool(self, pool: DataPool) -> None:
         """The pool's levels that need a read (called off the event loop, once per scrape)."""
         count, oldest = pool.ready_state()
         self.ready.set(count)
         self.ready_age.set(0.0 if oldest is None else max(0.0, time.time() - oldest))
+        trained = pool.trained_versions(POLICY)
+        if trained:  # the newest version's silent failures (the trainer's row; `trainer/loop.py`)
+            newest = trained[-1]
+            for key in ("samples", "no_signal", "kl_silent", *(k for k in newest if k.startswith("lost_"))):
+                if isinstance(newest.get(key), (int, float)):
+                    self.trained.labels(key).set(newest[key])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -110,7 +158,7 @@ class GatewayMetrics:
 class _Levels(Collector):
     """Read at scrape time from the gateway and the reward workers: nothing per request."""
 
-    def __init__(self, gateway: Gateway, judges: list[RewardWorker]):
+    def __init__(self, gateway: Observed, judges: list[RewardWorker]):
         self.gateway, self.judges = gateway, judges
 
     def collect(self) -> Iterator[Metric]:
@@ -123,6 +171,13 @@ class _Levels(Collector):
                                 "(0: the base model)", value=gw.served_version())
         yield CounterMetricFamily("clawr1_policy_swaps", "Published policy versions loaded and swapped in",
                                   value=len(gw.swaps))
+        behind = GaugeMetricFamily("clawr1_serving_behind", "Versions what this process serves is behind what was "
+                                   "decided for it (a gateway worker that could not load what the leader serves, "
+                                   "full weights that did not load): an older version or the base served instead, "
+                                   "with no request failing", labels=["adapter"])
+        for name, n in sorted(gw.serving_behind().items()):
+            behind.add_metric([name], n)
+        yield behind
         turns = CounterMetricFamily("clawr1_session_turns", "Turns by how their session was found: path, header, "
                                     "key (named by the client); matched, edited (its last reply resent as the client "
                                     "edited it), compacted (history matching); new (no history); unmatched (history no "
@@ -264,7 +319,7 @@ class MetricsMiddleware:
                                       time.perf_counter() - started)
 
 
-def authorize(gw: Gateway, request: Request) -> None:
+def authorize(gw: Observed, request: Request) -> None:
     """The admin key when one is set, else a key of the default tenant (`gateway.api_keys`) when
     agent keys are set, else open (loopback). Never another tenant's key: the exposition is every
     tenant's (their adapters' names and quality), and a tenant never learns of another's adapter."""
@@ -284,7 +339,8 @@ def authorize(gw: Gateway, request: Request) -> None:
         raise APIError(401, f"/metrics needs {which} (Authorization: Bearer <key>)", code="invalid_api_key")
 
 
-POOL_LEVELS = ("clawr1_pool_ready_samples", "clawr1_pool_oldest_ready_age_seconds")  # the same from every process
+# The same from every process (read from the one pool).
+POOL_LEVELS = ("clawr1_pool_ready_samples", "clawr1_pool_oldest_ready_age_seconds", "clawr1_trained_version")
 
 
 def merge_workers(texts: list[str]) -> bytes:
@@ -316,7 +372,7 @@ class _Fixed(Collector):
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    gw: Gateway = request.app.state.gateway
+    gw: Observed = request.app.state.gateway
     authorize(gw, request)
     await asyncio.to_thread(gw.metrics.refresh_pool, gw.pool)
     return Response(gw.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, TypeVar
 from fastapi import Request
 from pydantic import BaseModel
 
+from clawr1.core import memory as memory_rules
 from clawr1.core.config import Config
 from clawr1.core.records import DEFAULT_TENANT, POLICY, adapter_name
 from clawr1.core.types import EngineError
@@ -26,8 +27,8 @@ from clawr1.engine.remote import RemoteEngine
 from clawr1.gateway import dispatch, schema
 from clawr1.gateway.body import read_json
 from clawr1.gateway.errors import APIError, validate
+from clawr1.gateway.memory import Memory
 from clawr1.gateway.metrics import GatewayMetrics
-from clawr1.quality import QualityMeter
 from clawr1.gateway.sessions import (
     AGENT_KEY_PREFIX,
     SESSION_KEY_PREFIXES,
@@ -38,6 +39,7 @@ from clawr1.gateway.sessions import (
     new_session_key,
 )
 from clawr1.gateway.throttle import Throttle
+from clawr1.quality import QualityMeter
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -45,6 +47,7 @@ M = TypeVar("M", bound=BaseModel)
 
 
 KEY_CACHE = 65_536
+WEIGHTS = "(weights)"  # `serving_behind`'s name for the whole weights (full fine-tuning): no adapter's name
 """Per-session keys remembered, known and unknown each (least recently used dropped first): a
 known one then costs no pool read, an unknown one (a guess) one read, not one a request."""
 
@@ -185,7 +188,12 @@ class Gateway:
         self.throttle = Throttle(config.gateway.auth_failures_per_minute)
         self._tasks: set[asyncio.Task] = set()  # background closes and settles, referenced until done
         self.swaps: list[tuple[float, str, int, float]] = []  # (when, adapter, version, load seconds)
+        # What this process should serve but may not have loaded (`serving_behind`): the leader's
+        # choice per adapter for a follower; the newest published whole weights under full fine-tuning.
+        self.decided: dict[str, int] = {}
         self.metrics = GatewayMetrics(self)  # `GET /metrics`; reads the fields above when scraped
+        # Each user's memory entries, kept current from the pool (`Memory.watch`), added to prompts.
+        self.memory = Memory(config, pool, engine, self.metrics.memory_recalled)
         # Every agent key with its tenant: `gateway.api_keys` are the default tenant's.
         self.agent_keys = [(key.encode(), DEFAULT_TENANT) for key in config.gateway.api_keys] + [
             (key.encode(), tenant) for tenant, keys in config.tenants.keys.items() for key in keys]
@@ -329,6 +337,16 @@ class Gateway:
         name = self.adapter_of(tenant)
         return name if name in self.engine.adapters() else None
 
+    def serving_behind(self) -> dict[str, int]:
+        """Per adapter (`WEIGHTS`: the whole weights), how many versions what this process serves
+        is behind what was decided for it: a follower that could not load what the leader serves,
+        weights that did not load, both serving an older version or the base without failing a
+        request. 0 when it serves what was decided."""
+        if not self.decided:  # one process serving LoRA versions: what it loaded is what the guard decided
+            return {}
+        have = {**self.engine.adapters(), WEIGHTS: self.engine.weights_version()}
+        return {name: version - have.get(name, 0) for name, version in self.decided.items()}
+
     def served_version(self, tenant: str = DEFAULT_TENANT) -> int:
         """The policy version a tenant's new requests get (0: the base model)."""
         if self.full:
@@ -403,7 +421,9 @@ class Gateway:
             return False
         [step] = self.pool.get_steps([mains[-1]["step_id"]])
         reply = schema.message_of(self.engine.parse(step.text, step.tools))
-        self.sessions.restore(step.tenant, step.session_id, step.messages, reply, turns[-1]["turn_index"] + 1)
+        # The messages as the client sent them (the matcher's), without the memory the prompt carried.
+        messages = memory_rules.without(step.messages, step.memory)
+        self.sessions.restore(step.tenant, step.session_id, messages, reply, turns[-1]["turn_index"] + 1)
         return True
 
     # ---- background jobs -------------------------------------------------------------------
@@ -459,6 +479,9 @@ class Gateway:
         path, failed = self.served_path(), None
         while True:
             served = await asyncio.to_thread(adapters.read_json, path)
+            if served is not None:
+                self.decided = {name: line[0] for name, line in served["adapters"].items()}
+                self.decided[WEIGHTS] = served["weights"][0]
             if served is not None and served != failed:
                 try:
                     await self._follow(served)
@@ -497,6 +520,8 @@ class Gateway:
         while True:
             await asyncio.sleep(self.config.gateway.adapter_poll_s)
             newest = await asyncio.to_thread(adapters.newest, root, POLICY)
+            if newest is not None:
+                self.decided[WEIGHTS] = newest[0]
             if newest is None or newest[0] in skipped or newest[0] <= self.engine.weights_version():
                 continue
             started = time.perf_counter()

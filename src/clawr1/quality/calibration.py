@@ -11,7 +11,9 @@ replies to 44 everyday questions, T=0.7, 64 tokens):
   a margin of the distance from that percentile to the median (for a normal distribution: about
   2.6 standard deviations below the mean). The margin scales with the measure's own spread, so
   one rule serves cosines (0..1) and logprobs (nats). Fluency's edge from 16 replies: -2.19 +- 0.24
-  nats/token; the quoted degenerate replies score -3.5 to -6.2.
+  nats/token; the quoted degenerate replies score -3.5 to -6.2. Fluency's edge is never less than
+  `FLUENCY_MIN_MARGIN` (0.5 nats) below its 10th percentile: a confident model's replies cluster
+  (Qwen2.5's within 0.1 nats of each other), and so would the edge.
 - Relevance also has a chance edge: the 95th percentile of the cosines between base replies and
   the *other* requests of the set (a fluent reply to another question: exactly the off-topic
   failure). A small base is itself off-topic now and then (7% of those 88 replies fall below
@@ -38,6 +40,12 @@ LOW_QUANTILE = 0.10
 MARGIN = 1.0
 CHANCE_QUANTILE = 0.95
 REPETITION_FLOOR = 0.25
+# The least room below fluency's 10th percentile, in nats a token. A confident model's replies sit
+# close together (Qwen2.5-Coder-0.5B at its recommended sampling, scored at temperature 1: 10th
+# percentile -0.70, median -0.60 on 12 probes, so the percentile rule alone put the edge at -0.80,
+# and a one-step candidate's fluent replies at -0.82 fell below it), while broken language scores
+# a nat or more below the base's typical reply (-1.77 to -2.78 against -1.39 in Qwen's issue).
+FLUENCY_MIN_MARGIN = 0.5
 MIN_REPLIES = 8
 
 
@@ -108,6 +116,7 @@ def calibrate(base: Sequence[Quality], chance_relevance: Sequence[float] | None 
     if chance is not None:
         rel_min = max(rel_min, chance)
     flu_min, flu_med = low(flu)
+    flu_min = min(flu_min, quantile(flu, low_quantile) - FLUENCY_MIN_MARGIN)
     rep_edge, rep_med = quantile(rep, 1 - low_quantile), quantile(rep, 0.5)
     rep_max = max(repetition_floor, rep_edge + margin * (rep_edge - rep_med))
     return Calibration(relevance_min=rel_min, fluency_min=flu_min, repetition_max=rep_max, n=len(kept),

@@ -7,11 +7,13 @@ gets four measures that need no labels and no judge:
 - relevance: cosine of the MiniLM embeddings of the request (the last user message and the one
   before it: `request_text`) and the reply. Catches off-topic replies, however fluent (a copied
   system prompt, a canned "You're right.").
-- fluency: the *base* model's mean logprob per reply token, teacher-forced with no adapter at
-  the temperature the reply was sampled at (its calibration comes from base replies sampled at
-  the same temperature, so the scale matches; one scoring pass then also gives the drift below).
-  Catches broken language ("DEAD BO *this part is just in the image") that a drifted policy
-  finds likely but the model it started from does not.
+- fluency: the *base* model's mean logprob per reply token, teacher-forced with no adapter under
+  its own distribution (temperature 1, uncut), whatever the reply was sampled with: "would the
+  base say this at all", not "is it what the base would most likely say" (under a sharpened
+  distribution a fluent reply in another style than the base's favourite looks improbable; see
+  `QualityMeter._score`). Its calibration comes from base replies to the same requests sampled
+  the same way. Catches broken language ("DEAD BO *this part is just in the image") that a
+  drifted policy finds likely but the model it started from does not.
 - repetition: the share of word 3-grams that repeat an earlier one. Word n-grams, not token
   n-grams: they are what the user reads and they do not depend on the tokenizer, so a
   calibration means the same on every engine. Catches loops ("the the the ...").

@@ -25,9 +25,9 @@ from clawr1.quality.measures import (
     Quality,
     Reply,
     echoes,
-    foreign_script,
     entropy_estimate,
     fluency,
+    foreign_script,
     kl_estimate,
     refuses,
     repetition,
@@ -83,13 +83,13 @@ class QualityMeter:
         vectors, scores = await asyncio.gather(asyncio.to_thread(self._embed, texts),
                                                asyncio.gather(*(self._score(r, gate) for r in replies)))
         out = []
-        for reply, request, base in zip(replies, requests, scores):
+        for reply, request, (plain, base) in zip(replies, requests, scores):
             relevance = 0.0 if reply.empty else float(vectors[request] @ vectors[reply.text])
             kl = entropy = None
             if reply.logprobs is not None and reply.token_ids:
                 kl = kl_estimate(reply.logprobs, base)
                 entropy = entropy_estimate(reply.logprobs)
-            out.append(Quality(relevance=relevance, fluency=fluency(base) if base else None,
+            out.append(Quality(relevance=relevance, fluency=fluency(plain) if plain else None,
                                repetition=repetition(reply.text), empty=reply.empty,
                                n_tokens=len(reply.token_ids), kl=kl, entropy=entropy,
                                echo=echoes(reply.text, request), refusal=refuses(reply.text, request),
@@ -104,13 +104,26 @@ class QualityMeter:
             out.update(zip(chunk, self.embedder(chunk)))
         return out
 
-    async def _score(self, reply: Reply, gate: asyncio.Semaphore) -> list[float]:
-        """The base's logprobs of the reply, teacher-forced under the reply's own sampling settings
-        (temperature and cut, each reply token kept in the cut): one pass serves fluency and drift
-        (the KL estimate needs the base under the distribution the version sampled from). Fluency is therefore temperature-specific, and so is its calibration:
-        it comes from base replies to the same requests at the same temperature."""
+    async def _score(self, reply: Reply, gate: asyncio.Semaphore) -> tuple[list[float], list[float]]:
+        """The base's logprobs of the reply, teacher-forced: (under the base's own distribution,
+        temperature 1 and uncut: fluency; under the reply's own sampling settings, each reply token
+        kept in the cut: drift, whose KL estimate needs the base under the distribution the version
+        sampled from). One pass when the reply was sampled at temperature 1, uncut.
+
+        Fluency is "would the base model say this at all", not "is it what the base would most
+        likely say": under a sharpened distribution (Qwen's recommended 0.7 with top_k 20 and top_p
+        0.8) the base's own replies score near 0 nats a token and a fluent reply in a style the
+        users asked for (prose where the base writes a list) falls below their narrow range. In a
+        Qwen demo run the guard rejected such versions (probe sane rate 0.33-0.67) on fluency
+        alone; at temperature 1 their replies score -0.85 against the base's -0.70 and word salad
+        still scores far below."""
         if not reply.token_ids:
-            return []
+            return [], []
+        natural = reply.temperature == 1.0 and reply.top_k <= 0 and reply.top_p >= 1.0
         async with gate:
-            return await self.engine.score(reply.prompt_ids, reply.token_ids, adapter=None,
-                                           temperature=reply.temperature, top_k=reply.top_k, top_p=reply.top_p)
+            plain = await self.engine.score(reply.prompt_ids, reply.token_ids, adapter=None)
+            if natural:
+                return plain, plain
+            sampled = await self.engine.score(reply.prompt_ids, reply.token_ids, adapter=None,
+                                              temperature=reply.temperature, top_k=reply.top_k, top_p=reply.top_p)
+        return plain, sampled

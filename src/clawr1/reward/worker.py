@@ -97,7 +97,8 @@ class RewardWorker:
         reward = Reward(step_id=step_id, score=float(j.score), source=j.source, votes=[float(v) for v in j.votes],
                         evidence=evidence)
         hint = Hint(step_id=step_id, text=j.hint, source=j.source) if j.hint else None
-        # One write: a stop between a reward and its hint would lose the hint for good.
+        # One write: a stop between a reward and its hint would lose the hint for good. The pool makes
+        # the hint a memory entry of the turn's user in the same transaction (`datapool/ops.remember`).
         await asyncio.wrap_future(self.pool.submit_judgement(reward, hint))
         self.counts[f"score_{j.score:+d}"] += 1
         self.outcomes[j.score, j.source] += 1

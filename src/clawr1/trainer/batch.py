@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from clawr1.core.config import TrainerConfig
+from clawr1.core.config import Config, TrainerConfig, hint_at_for
 from clawr1.core.messages import text_of
 from clawr1.core.records import Step
 from clawr1.trainer.losses import (
@@ -85,6 +85,12 @@ def load_samples(pool: Any, lease: Any) -> list[TrainSample]:
     hints = pool.hints(lease.step_ids)
     return [TrainSample(step, sample.reward, sample.weight, hints.get(step.step_id), lease.lease_id)
             for step, sample in zip(steps, lease.samples, strict=True)]
+
+
+def resolved(config: Config) -> TrainerConfig:
+    """The trainer section with what it leaves to the served model filled in (`hint_at`)."""
+    tc = config.trainer
+    return tc if tc.hint_at else tc.model_copy(update={"hint_at": hint_at_for(config.engine.model)})
 
 
 def with_hint(messages: list[dict[str, Any]], hint: str, at: str = "user") -> list[dict[str, Any]]:
@@ -225,7 +231,7 @@ def hinted_prompt(chat: Any, step: Step, hint: str, at: str = "user") -> list[in
     return head + chat.tokenizer.encode(f"{HINT_PREFIX.strip()} {hint}\n\n", add_special_tokens=False) + prompt[len(head):]
 
 
-def _teacher_rows(policy: Policy, samples: list[TrainSample], index: list[int], at: str = "user") -> Rows:
+def _teacher_rows(policy: Policy, samples: list[TrainSample], index: list[int], at: str | None) -> Rows:
     """The hinted samples' replies after their hint-augmented contexts, right-aligned like `pack`."""
     prompts = [hinted_prompt(policy.chat, samples[i].step, samples[i].hint or "", at) for i in index]
     return pack(prompts, [samples[i].step.token_ids for i in index], [samples[i].step.temperature for i in index],

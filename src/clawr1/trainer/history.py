@@ -1,7 +1,7 @@
 """The trainer's per-version log, `<data_dir>/trainer/metrics.jsonl`: one JSON object per published
 version (its metrics, the lease it trained on, when it was published). The loop appends it (and
-mirrors it to TensorBoard, and to Weights & Biases when configured); the demo reads it. Each version's
-metrics also go to the pool's version log (`record_in_pool`), where the dashboard reads them
+mirrors it to TensorBoard, and to Weights & Biases when configured). Each version's metrics also go
+to the pool's version log (`record_in_pool`), where the dashboard and the demo read them
 (`pool.trained_versions`) wherever the trainer runs. Reading imports nothing heavy (no torch, no wandb)."""
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ from clawr1.trainer.batch import (
     per_sample,
     prepare,
     relabelled,
+    resolved,
     rl_advantages,
 )
 from clawr1.trainer.losses import entropy_band, kl_to_reference, masked_mean, ppo_loss, stop_kl
@@ -47,6 +48,11 @@ from clawr1.trainer.policy import Policy, pack
 from clawr1.trainer.ranks import Ranks
 
 log = logging.getLogger(__name__)
+# Why a turn left training unused, as the pool records it (`probe`, a turn the guard holds out, is by
+# design): its session closed before any feedback (`masked`), it grew older than
+# `pool.max_staleness` versions while it waited (`stale`), its training failed too often (`poison`).
+# The judge giving up on a turn (`reward.max_judge_attempts`) is counted beside them as `judge`.
+LOST = ("masked", "stale", "poison")
 
 
 class Trainer(guarded.GuardSide):
@@ -58,7 +64,7 @@ class Trainer(guarded.GuardSide):
                  policy: Policy | None = None, ranks: Ranks | None = None):
         """`ranks`: this process's place in a data-parallel trainer group (`ranks.py`); only its
         rank 0 touches the pool's leases and the disk, the others train their share."""
-        self.config, self.tc, self.pool, self.tenant = config, config.trainer, pool, tenant
+        self.config, self.tc, self.pool, self.tenant = config, resolved(config), pool, tenant
         self.ranks = ranks or Ranks()
         if self.tc.threads:
             torch.set_num_threads(self.tc.threads)
@@ -98,6 +104,8 @@ class Trainer(guarded.GuardSide):
         # candidates the served incumbent's samples are on-policy, not `version - promoted` behind.
         self.weights_of = 0
         self.rollbacks: list[str] = []  # the admin rollbacks already applied (ids)
+        # What the pool had lost when the last version was published (`lost_so_far`; rank 0).
+        self.lost_seen = self.lost_so_far() if self.ranks.lead else {}
         self.history = (history.MetricsLog(self.root, self.tc.wandb_project, public_dump(config), tenant)
                         if self.ranks.lead else None)
         if resume:
@@ -218,16 +226,29 @@ class Trainer(guarded.GuardSide):
         self.log(metrics)
         return metrics
 
+    def lost_so_far(self) -> dict[str, int]:
+        """Rank 0: the pool's count of turns that left training unused, by why (`LOST`)."""
+        stats = self.pool.stats(self.tenant)
+        return {**{why: stats["dropped_by_reason"].get(why, 0) for why in LOST}, "judge": stats["judge_gave_up"]}
+
     def say_what_it_learned_from(self, metrics: dict[str, Any]) -> None:
         """Failures that would otherwise be silent, counted per version (`no_signal`: samples with
-        neither a reward nor a hint to train on; `kl_silent`: a KL term configured but exactly 0) and
+        neither a reward nor a hint to train on; `kl_silent`: a KL term configured but exactly 0;
+        `lost_<why>`: turns that left training unused since the version before, by why, `LOST`) and
         said in the log when the version trained from little that is useful."""
         metrics["no_signal"] = metrics["samples"] - metrics["usable"]
         metrics["kl_silent"] = float(self.tc.kl_coef > 0 and metrics["kl"] == 0.0)
-        if metrics["usable"] < 0.25 * metrics["samples"] or metrics["kl_silent"]:
+        if self.ranks.lead:
+            now = self.lost_so_far()
+            metrics.update({f"lost_{why}": float(n - self.lost_seen.get(why, 0)) for why, n in now.items()})
+            self.lost_seen = now
+        lost = sum(v for k, v in metrics.items() if k.startswith("lost_"))
+        if metrics["usable"] < 0.25 * metrics["samples"] or metrics["kl_silent"] or lost > metrics["samples"]:
             log.warning("v%d trains on little that is useful: %d of %d samples had a signal (a reward or a hint), "
-                        "%.0f%% of reply tokens an advantage of 0%s", self.version, metrics["usable"],
-                        metrics["samples"], 100 * metrics["adv_zero_frac"],
+                        "%.0f%% of reply tokens an advantage of 0; %d turns left training unused since v%d (%s)%s",
+                        self.version, metrics["usable"], metrics["samples"], 100 * metrics["adv_zero_frac"], lost,
+                        self.version - 1, ", ".join(f"{k[5:]} {v:.0f}" for k, v in metrics.items()
+                                                    if k.startswith("lost_") and v) or "none",
                         "; the KL term is configured but 0" if metrics["kl_silent"] else "")
 
     def take(self) -> list[TrainSample] | None:

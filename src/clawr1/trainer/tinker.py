@@ -35,27 +35,27 @@ import torch
 
 from clawr1.core.config import Config, public_dump
 from clawr1.core.records import POLICY
+from clawr1.core.tinker import service_client
 from clawr1.datapool.base import PoolQueue
 from clawr1.engine import adapters
 from clawr1.engine.chat import ChatFormat
 from clawr1.engine.models import resolve_model
 from clawr1.engine.tokenizer import load_tokenizer
 from clawr1.trainer import checkpoint, guarded, history
-from clawr1.trainer.batch import TrainSample, hinted_prompt, load_samples, per_sample, rl_advantages, token_advantages
+from clawr1.trainer.batch import (
+    TrainSample,
+    hinted_prompt,
+    load_samples,
+    per_sample,
+    resolved,
+    rl_advantages,
+    token_advantages,
+)
 from clawr1.trainer.loop import scheduled_lr
 from clawr1.trainer.losses import opd_advantage
 from clawr1.trainer.ranks import Ranks
 
 log = logging.getLogger(__name__)
-
-
-def service_client() -> Any:
-    try:
-        import tinker
-    except ImportError as e:
-        raise ImportError("trainer.backend / engine.backend = \"tinker\" needs the tinker SDK: "
-                          "pip install -e '.[tinker]'") from e
-    return tinker.ServiceClient()  # TINKER_BASE_URL, TINKER_API_KEY from the environment
 
 
 def _types() -> Any:
@@ -69,7 +69,7 @@ class TinkerTrainer:
     step on the service."""
 
     def __init__(self, config: Config, pool: PoolQueue, *, service: Any = None, resume: bool = True):
-        self.config, self.tc, self.pool, self.tenant = config, config.trainer, pool, None
+        self.config, self.tc, self.pool, self.tenant = config, resolved(config), pool, None
         self.ranks = Ranks()  # one process: the service is the data-parallel part
         self.timeout = config.tinker.timeout_s
         self.base_model = config.tinker.base_model
@@ -288,4 +288,4 @@ class TinkerTrainer:
         train_until(self, stop, poll_s=self.tc.poll_s)
 
 
-__all__ = ["TinkerTrainer", "service_client"]
+__all__ = ["TinkerTrainer"]

@@ -14,17 +14,26 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from clawr1.core.config._base import EMBEDDED_MODEL, SECRET_FIELDS, TENANT_NAME, _Section, default_data_dir
+from clawr1.core.config._base import (
+    EMBEDDED_MODEL,
+    SECRET_FIELDS,
+    TENANT_NAME,
+    _Section,
+    default_data_dir,
+    hint_at_for,
+)
 from clawr1.core.config.deploy import EnvsConfig, RayConfig
 from clawr1.core.config.engine import EngineConfig
 from clawr1.core.config.gateway import GatewayConfig, TenantsConfig
+from clawr1.core.config.memory import MemoryConfig
 from clawr1.core.config.pool import PoolConfig
 from clawr1.core.config.reward import GuardConfig, RewardConfig
 from clawr1.core.config.trainer import TinkerConfig, TrainerConfig, ranks_device_error
 
 __all__ = ["EMBEDDED_MODEL", "SECRET_FIELDS", "TENANT_NAME", "Config", "EngineConfig", "EnvsConfig", "GatewayConfig",
-           "GuardConfig", "PoolConfig", "RayConfig", "RewardConfig", "TenantsConfig", "TinkerConfig", "TrainerConfig",
-           "apply_override", "default_data_dir", "load_config", "public_dump", "ranks_device_error", "to_toml"]
+           "GuardConfig", "MemoryConfig", "PoolConfig", "RayConfig", "RewardConfig", "TenantsConfig", "TinkerConfig", "TrainerConfig",
+           "apply_override", "default_data_dir", "hint_at_for", "load_config", "public_dump", "ranks_device_error",
+           "to_toml"]
 
 
 class Config(_Section):
@@ -56,6 +65,9 @@ class Config(_Section):
 
     tenants: TenantsConfig = Field(default_factory=TenantsConfig)
     """Tenants: whose keys are whose, and whether each tenant trains its own adapter."""
+
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    """Per-user memory: corrections that take effect on the user's next turn, through the prompt."""
 
     guard: GuardConfig = Field(default_factory=GuardConfig)
     """The guard between the trainer and the users: probe sets, bounds, the trainer's wait."""

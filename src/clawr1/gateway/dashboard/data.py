@@ -51,6 +51,8 @@ def versions(served: list[dict[str, Any]], trained: list[dict[str, Any]],
         row: dict[str, Any] = {
             "version": version, "published_at": m.get("time"), "trained_on": m.get("lease"),
             **{key: m.get(key) for key in TRAINED_FIELDS},
+            # Turns that left training unused since the version before, by why (`trainer/loop.py` LOST).
+            "lost": {key[5:]: n for key, n in m.items() if key.startswith("lost_") and n} if m else None,
             "turns": s.get("turns", 0), "rewarded": s.get("rewarded", 0), "mean_reward": s.get("mean_reward"),
             "approved": s.get("approved", 0), "corrected": s.get("corrected", 0),
             "preference_score": s["approved"] / judged if judged else None,
@@ -118,7 +120,17 @@ def summary(gw: Gateway, tenant: str | None = None, *,
         "guard": gw.config.guard.model_dump() if gw.guard is not None and gw.guard.judging else None,
         "sessions": pool.sessions(limit=sessions, tenant=tenant),
         "samples": pool.samples(limit=samples, tenant=tenant),
+        "memory": memory(gw, tenant),
     }
+
+
+def memory(gw: Gateway, tenant: str | None, limit: int = 50) -> dict[str, Any]:
+    """The per-user memory: the newest entries (with where each came from and its status), where it
+    is off, and the entries this gateway never adds to a prompt (they hold a token of its model)."""
+    config = gw.config.memory
+    return {"enabled": config.enabled, "off_tenants": config.off_tenants, "fallback": config.fallback,
+            "entries": gw.pool.memory(tenant=tenant, limit=limit), "off": gw.pool.memory_switches(tenant),
+            "unsafe": {str(k): v for k, v in gw.memory.unsafe.items()}}
 
 
 def session(gw: Gateway, session_id: str, tenant: str | None) -> dict[str, Any]:
@@ -131,5 +143,5 @@ def session(gw: Gateway, session_id: str, tenant: str | None) -> dict[str, Any]:
         [step] = gw.pool.get_steps([turn["step_id"]])
         users = [m for m in step.messages if m.get("role") == "user"]
         turns.append({**turn, "context": users[-1].get("content") if users else None,
-                      "next_state": step.next_state, "created_at": step.created_at})
+                      "next_state": step.next_state, "created_at": step.created_at, "memory": step.memory})
     return {**shown, "steps": turns}

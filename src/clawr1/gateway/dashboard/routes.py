@@ -175,6 +175,35 @@ async def version_action(request: Request) -> Response:
     return RedirectResponse("/dashboard" + (f"?tenant={tenant}" if tenant else ""), 303)
 
 
+@router.post("/dashboard/memory")
+async def memory_action(request: Request) -> Response:
+    """The admin's levers on the Memory panel: forget an entry, or turn the memory off (or on) for a
+    user (what `clawr1 memory forget ID` and `clawr1 memory off --user U` do); this gateway applies
+    them at once, others at their next read of the pool."""
+    kind = access(request)
+    if kind in ("login", "disabled"):
+        return _refused(kind)
+    if (refused := _from_elsewhere(request)) is not None:
+        return refused
+    raw = await request.body()
+    if len(raw) > 4096:
+        return _html(views.missing_page("that form was too large"), 413)
+    form = {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace")).items()}
+    gw = request.app.state.gateway
+    action, tenant, user = form.get("action"), form.get("tenant") or DEFAULT_TENANT, form.get("user", "")
+    entry = form.get("id", "")
+    if action not in ("forget", "off", "on") or not re.fullmatch(TENANT_NAME, tenant) \
+            or (action == "forget" and not entry.isdigit()) or len(user) > 300:
+        return _html(views.missing_page("not a memory action"), 400)
+    if action == "forget":
+        if not await asyncio.to_thread(gw.pool.forget_memory, int(entry), tenant=tenant):
+            return _html(views.missing_page(f"no memory entry {entry} to forget in tenant {tenant}"), 404)
+    else:
+        await asyncio.to_thread(gw.pool.switch_memory, tenant, user, action == "off")
+    await asyncio.to_thread(gw.memory.refresh)
+    return RedirectResponse("/dashboard", 303)
+
+
 @router.get("/dashboard/panels")
 async def panels(request: Request) -> JSONResponse:
     """The panels' HTML, for the page's refresh (one summary for all of them)."""

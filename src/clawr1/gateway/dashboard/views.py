@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 from clawr1.gateway.dashboard.charts import Series, line_chart
 
-PANELS = ("overview", "curves", "versions", "queue", "sessions")
+PANELS = ("overview", "curves", "versions", "queue", "sessions", "memory")
 REFRESH_S = 5
 
 
@@ -139,19 +139,29 @@ def versions(s: dict[str, Any]) -> str:
         status = r["probe_status"] or ("base" if r["version"] == 0 else "")
         runaway = limit is not None and r["probe_kl"] is not None and r["probe_kl"] > limit
         rows.append([f"v{r['version']}" + (" (pinned)" if pinned == r["version"] else ""),
-                     f'<span class="verdict {escape(status)}" title="{escape(r["probe_reason"] or "")}">'
-                     f"{escape(status)}</span>",
+                     (f'<span class="verdict {escape(status)}" title="{escape(r["probe_reason"] or "")}">'
+                      f"{escape(status)}</span>"),
                      _n(r["probe_sane_rate"], ".2f"), _n(r["probe_relevance"], ".2f"), _n(r["probe_fluency"], ".2f"),
                      f'<span class="{"runaway" if runaway else ""}">{_n(r["probe_kl"], ".3g")}</span>',
                      _n(r["entropy"], ".3g"), _t(r["published_at"]), _n(r["trained_on"]),
                      f'<span class="{"runaway" if r["no_signal"] else ""}">{_n(r["no_signal"])}</span>'
-                     + (' <span class="runaway">KL off</span>' if r["kl_silent"] else ""), _n(r["loss"], "+.4f"),
+                     + (' <span class="runaway">KL off</span>' if r["kl_silent"] else ""), _lost(r["lost"]),
+                     _n(r["loss"], "+.4f"),
                      _reward(r["reward_mean"]), _n(r["hint_rate"], ".0%"), _n(r["clip_frac"], ".2f"),
                      str(r["turns"]), _reward(r["mean_reward"]), _n(r["preference_score"], ".2f"),
                      _n(r["latency_s"], ".1f", " s"), _t(r["first_served_at"]), _actions(s, r["version"])])
     return _table(["version", "guard", "probe sane", "relevance", "fluency", "probe KL", "entropy", "published",
-                   "trained on", "no signal", "loss", "batch reward", "hints", "clip", "turns served", "reward", "preference",
+                   "trained on", "no signal", "lost", "loss", "batch reward", "hints", "clip", "turns served", "reward", "preference",
                    "feedback→serving", "first served", ""], rows, "no versions yet", "numbers")
+
+
+def _lost(lost: dict[str, float] | None) -> str:
+    """Turns that left training unused before this version: the total, and why on hover."""
+    if lost is None:
+        return "-"
+    why = ", ".join(f"{key} {n:.0f}" for key, n in sorted(lost.items()))
+    total = sum(lost.values())
+    return f'<span class="{"runaway" if total else ""}" title="{escape(why)}">{total:.0f}</span>'
 
 
 def _actions(s: dict[str, Any], version: int) -> str:
@@ -185,9 +195,50 @@ def sessions(s: dict[str, Any]) -> str:
                   "no sessions yet: point an agent at /v1")
 
 
-RENDER = {"overview": overview, "curves": curves, "versions": versions, "queue": queue, "sessions": sessions}
+def memory(s: dict[str, Any]) -> str:
+    """The per-user memory: each entry with where it came from (the session, the corrected step, the
+    user's correction), when it was added, its status, and the admin's levers (`clawr1 memory forget`,
+    `clawr1 memory off`) as small forms."""
+    m = s["memory"]
+    off = [f"tenant {escape(t)} (config)" for t in m["off_tenants"]] + [
+        (f"user {escape(o['user_id'])} of " if o["user_id"] else "") + f"tenant {escape(o['tenant'])}" for o in m["off"]]
+    note = ('<p class="note">' + ("memory is on" if m["enabled"] else "<b>memory is off</b> (memory.enabled)")
+            + f"; a request with no user id is the user of {escape(m['fallback'])}"
+            + (f"; off for {', '.join(off)}" if off else "") + "</p>")
+    rows = []
+    for e in m["entries"]:
+        status = escape(e["status"])
+        why = escape(e["reason"] or (f"replaced by {e['replaced_by']}" if e["replaced_by"] else ""))
+        if str(e["id"]) in m["unsafe"]:
+            why = escape(f"never added: holds {m['unsafe'][str(e['id'])]!r}, a token of the served model")
+        origin = (f'{_session_link(e["tenant"], e["session_id"])} · <span class="muted">{escape(e["step_id"])} '
+                  f'({escape(e["source"])})</span>')
+        rows.append([str(e["id"]), escape(e["user_id"]), f'<span class="status {status}">{status}</span>'
+                     + (f' <span class="muted">{why}</span>' if why else ""), escape(e["text"]), origin,
+                     f'<span class="muted">{escape(e["correction"] or "")}</span>', _t(e["created_at"]),
+                     _memory_actions(e)])
+    return note + _table(["id", "user", "status", "entry", "from", "correction", "added", ""], rows,
+                         "no memory entries yet: a correction of a user's turn (X-User-Id) makes one")
+
+
+def _memory_actions(e: dict[str, Any]) -> str:
+    """Forget this entry; turn the memory off for its user."""
+    tenant = f'<input type="hidden" name="tenant" value="{escape(e["tenant"])}">'
+    forms = []
+    if e["status"] != "forgotten":
+        forms.append(f'<form method="post" action="/dashboard/memory" class="inline">{tenant}'
+                     f'<input type="hidden" name="action" value="forget"><input type="hidden" name="id" '
+                     f'value="{e["id"]}"><button>forget</button></form>')
+    forms.append(f'<form method="post" action="/dashboard/memory" class="inline">{tenant}'
+                 f'<input type="hidden" name="action" value="off"><input type="hidden" name="user" '
+                 f'value="{escape(e["user_id"])}"><button>off for this user</button></form>')
+    return "".join(forms)
+
+
+RENDER = {"overview": overview, "curves": curves, "versions": versions, "queue": queue, "sessions": sessions,
+          "memory": memory}
 TITLES = {"overview": "Now", "curves": "Learning", "versions": "Policy versions",
-          "queue": "Sample queue", "sessions": "Sessions"}
+          "queue": "Sample queue", "sessions": "Sessions", "memory": "Memory"}
 
 
 def panels(s: dict[str, Any]) -> dict[str, str]:
@@ -274,13 +325,16 @@ def session_page(s: dict[str, Any], note: str) -> str:
             f'{" · " + _evidence(r["evidence"]) if r["evidence"] else ""}</li>' for r in t["rewards"])
         hints = "".join(f'<li><b>{escape(h["source"])}</b> {escape(h["text"])}</li>' for h in t["hints"])
         status = escape(t["status"] or "side turn")
+        carried = (t.get("memory") or {}).get("entries") or []
+        memory = ('<p class="note">memory in its prompt (' + escape(t["memory"]["user"]) + "): " + "; ".join(
+            f'#{e["id"]} {escape(e["text"])}' for e in carried) + "</p>") if carried else ""
         turns.append(
             f'<article class="turn"><h3>turn {t["turn_index"]} · {escape(t["turn_type"])} · v{t["policy_version"]} '
             f'· {escape(t["finish_reason"])} · <span class="status {status}">{status}</span>'
             f'{" (" + escape(t["reason"]) + ")" if t["reason"] else ""} · reward {_reward(t["reward"])}</h3>'
             f'<div class="grid3"><div><h4>asked</h4><div class="msg">{escape(_content(t["context"]))}</div></div>'
             f'<div><h4>reply</h4><div class="msg">{escape(t["text"])}</div></div>'
-            f'<div><h4>next state</h4>{_messages(t["next_state"])}</div></div>'
+            f'<div><h4>next state</h4>{_messages(t["next_state"])}</div></div>{memory}'
             f'<h4>rewards</h4><ul>{rewards or "<li class=muted>none yet</li>"}</ul>{_judging(t)}'
             f'{"<h4>hints</h4><ul>" + hints + "</ul>" if hints else ""}</article>')
     events = _table(["event", "data", "at"], [[escape(e["kind"]), escape(json.dumps(e["data"])), _t(e["created_at"])]

@@ -12,11 +12,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from clawr1.gateway import responses_wire, schema
-from clawr1.gateway.chat import CHAT
-from clawr1.gateway.completions import COMPLETIONS
+from clawr1.gateway import schema
 from clawr1.gateway.pipeline import Wire, handle
-from clawr1.gateway.responses import RESPONSES
+from clawr1.gateway.wire.chat import CHAT
+from clawr1.gateway.wire.completions import COMPLETIONS
+from clawr1.gateway.wire.responses import RESPONSES, ResponsesRequest
 
 router = APIRouter()
 PREFIX = "/rollout/{rollout_id}/attempt/{attempt_id}"
@@ -37,4 +37,4 @@ def _routes(path: str, wire: Wire, body: Any) -> None:
 
 _routes("/chat/completions", CHAT, schema.ChatRequest)
 _routes("/completions", COMPLETIONS, schema.CompletionRequest)
-_routes("/responses", RESPONSES, responses_wire.ResponsesRequest)
+_routes("/responses", RESPONSES, ResponsesRequest)

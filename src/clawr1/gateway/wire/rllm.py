@@ -17,13 +17,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from clawr1.gateway import responses_wire, schema
-from clawr1.gateway.chat import CHAT
-from clawr1.gateway.completions import COMPLETIONS
+from clawr1.gateway import schema
 from clawr1.gateway.errors import APIError
 from clawr1.gateway.pipeline import Wire, handle
-from clawr1.gateway.responses import RESPONSES
 from clawr1.gateway.service import Gateway
+from clawr1.gateway.wire.chat import CHAT
+from clawr1.gateway.wire.completions import COMPLETIONS
+from clawr1.gateway.wire.responses import RESPONSES, ResponsesRequest
 
 router = APIRouter()
 
@@ -56,6 +56,6 @@ def _handler(wire: Wire) -> Any:
 
 for _path, _wire, _body in (("/chat/completions", CHAT, schema.ChatRequest),
                             ("/completions", COMPLETIONS, schema.CompletionRequest),
-                            ("/responses", RESPONSES, responses_wire.ResponsesRequest)):
+                            ("/responses", RESPONSES, ResponsesRequest)):
     router.add_api_route("/sessions/{session_id}/v1" + _path, _handler(_wire), methods=["POST"],
                          name="rllm_" + _path.strip("/").replace("/", "_"), openapi_extra=schema.request_body(_body))

@@ -12,6 +12,7 @@ from clawr1.core.types import EngineError, Generation, ParsedCompletion
 from clawr1.gateway import schema
 from clawr1.gateway.errors import APIError
 from clawr1.gateway.ids import new_id
+from clawr1.gateway.memory import rendered
 from clawr1.gateway.pipeline import Exchange, Job, Wire, handle, safe_text, tail
 from clawr1.gateway.service import Caller, Gateway
 from clawr1.gateway.sessions import affinity_key
@@ -51,10 +52,11 @@ class Chat(Wire):
             raise APIError(400, "n > 1 is not supported with stream=true", param="n")
         messages = self.messages(req)
         tools = req.tool_dicts()
-        prompt = gw.engine.render(messages, tools)
+        prompt, recall = rendered(gw, caller, headers, path_ids, req, messages, tools)  # the user's memory added
         samplings = [req.sampling(gw.config.engine.default_max_tokens, gw.sampling_defaults, i) for i in range(req.n)]
         return Job(req, new_id("chatcmpl-"), [prompt], samplings, messages, tools, req.stream,
-                   watch_tools=tools is not None, affinity=affinity_key(caller.tenant, messages, headers, path_ids, caller.session_id))
+                   watch_tools=tools is not None, affinity=affinity_key(caller.tenant, messages, headers, path_ids, caller.session_id),
+                   recall=recall)
 
     def body(self, ex: Exchange, gens: list[Generation], parsed: list[ParsedCompletion]) -> dict[str, Any]:
         req = ex.job.req
@@ -80,7 +82,8 @@ class Chat(Wire):
             visible += event.text
             if req.logprobs:
                 logprobs.append(schema.token_logprob(tokenizer.decode([event.token_id]), event.logprob))
-            delta = safe_text(visible, sent, ex.job.watch_tools)
+            # Without tools nothing is held back: the token's text is the delta (`safe_text`'s answer).
+            delta = safe_text(visible, sent, True) if ex.job.watch_tools else event.text
             if delta:
                 sent += delta
                 if logprobs:

@@ -28,13 +28,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from clawr1.core.records import DEFAULT_TENANT
 from clawr1.datapool.base import UnknownSessionError, UnknownStepError
-from clawr1.gateway import responses_wire, schema
-from clawr1.gateway.chat import CHAT
-from clawr1.gateway.completions import COMPLETIONS
+from clawr1.gateway import schema
 from clawr1.gateway.errors import APIError
 from clawr1.gateway.pipeline import Wire, handle
-from clawr1.gateway.responses import RESPONSES
 from clawr1.gateway.service import Caller, Gateway, client_of
+from clawr1.gateway.wire.chat import CHAT
+from clawr1.gateway.wire.completions import COMPLETIONS
+from clawr1.gateway.wire.responses import RESPONSES, ResponsesRequest
 
 router = APIRouter()
 MAX_SESSIONS_PER_TASK = 100_000
@@ -221,7 +221,7 @@ chat_router.add_api_route("/{session_id}/chat/completions", _in_path(CHAT), meth
                           name="areal_chat_completions_in_path", openapi_extra=schema.request_body(schema.ChatRequest))
 for _path, _wire, _body in (("/chat/completions", CHAT, schema.ChatRequest),
                             ("/completions", COMPLETIONS, schema.CompletionRequest),
-                            ("/responses", RESPONSES, responses_wire.ResponsesRequest)):
+                            ("/responses", RESPONSES, ResponsesRequest)):
     _name = _path.strip("/").replace("/", "_")
     # Key style: the base URL has no /v1 (the session comes from the key, or history matching).
     router.add_api_route(_path, _unprefixed(_wire), methods=["POST"], name=f"areal_{_name}",

@@ -1,5 +1,7 @@
-"""The OpenAI Responses wire format, translated to and from the chat shape that the engine renders
-and the pool stores.
+"""`POST /v1/responses` (and `/{session}/{prompt}/v1/responses`): the OpenAI Responses API, plain
+and SSE, on chat's capture path (`pipeline.py`, `translated.py`); first the format itself,
+translated to and from the chat shape that the engine renders and the pool stores. Errors are
+OpenAI-shaped, as for chat; a stream that fails ends with `response.failed`.
 
 In: `instructions` becomes the first system message; message items keep their role (`developer` is
 rendered as system, as in chat) with their `input_text`/`output_text` parts as text; consecutive
@@ -17,16 +19,21 @@ stock client's turns into one session). Unknown fields (`store`, `text`, `reason
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from clawr1.core.types import Generation, ParsedCompletion, SamplingDefaults, SamplingParams
+from clawr1.core.types import EngineError, Generation, ParsedCompletion, SamplingDefaults, SamplingParams
+from clawr1.gateway import schema
 from clawr1.gateway.errors import APIError
+from clawr1.gateway.ids import new_id
+from clawr1.gateway.pipeline import Exchange, Job, Wire, handle, tail
 from clawr1.gateway.schema import settings
+from clawr1.gateway.service import Caller, Gateway
 from clawr1.gateway.streaming import MARK
-from clawr1.gateway.translated import text_content
+from clawr1.gateway.wire.translated import chat_job, text_content
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 
@@ -224,3 +231,107 @@ class Events:
             return f"{head}{number},{middle}{json.dumps(text)}{tail}"
 
         return delta
+
+
+router = APIRouter()
+
+
+class Responses(Wire):
+    request_model = ResponsesRequest
+
+    def prepare(self, gw: Gateway, req: ResponsesRequest, caller: Caller, headers: dict[str, str],
+                path_ids: tuple[str, str] | None) -> Job:
+        req.refuse_state()
+        return chat_job(gw, req, caller, new_id("resp_"), self.messages(req), req.chat_tools(),
+                        req.sampling(gw.config.engine.default_max_tokens, gw.sampling_defaults), headers, path_ids)
+
+    def body(self, ex: Exchange, gens: list[Generation], parsed: list[ParsedCompletion]) -> dict[str, Any]:
+        gen, rid = gens[0], ex.job.reply_id
+        output, used = output_items(rid, gen, parsed[0]), usage(len(gen.prompt_ids), len(gen.token_ids))
+        return response_object(rid, ex.job.req, ex.job.created, status(gen, parsed[0]), output, used)
+
+    async def events(self, ex: Exchange) -> AsyncIterator[str]:
+        """response.created / in_progress; the message item's text deltas as sampled (opened at the
+        first one; tool-call markup held back); one function_call item per call; then
+        response.completed (or response.incomplete when `max_output_tokens` cut it). A keep-alive
+        tick is an SSE comment, which clients skip."""
+        req, rid, created_at = ex.job.req, ex.job.reply_id, ex.job.created
+        ev = ex.state = Events()  # the error event continues its sequence numbers
+        mid = message_id(rid)
+        opened = False  # the message item (output 0) has started
+        sent = ""
+
+        def open_message() -> list[str]:
+            item = {**message_item(mid, "", "in_progress"), "content": []}
+            return [ev("response.output_item.added", output_index=0, item=item),
+                    ev("response.content_part.added", item_id=mid, output_index=0, content_index=0,
+                       part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})]
+
+        delta = ev.text_deltas(mid)
+        skeleton = response_object(rid, req, created_at, "in_progress", [], None)
+        yield ev("response.created", response=skeleton)
+        yield ev("response.in_progress", response=skeleton)
+        async for text in ex.deltas():
+            if text is None:
+                yield ": keep-alive\n\n"
+                continue
+            if not opened:
+                opened = True
+                for line in open_message():
+                    yield line
+            sent += text
+            yield delta(text)
+        gen, parsed = await ex.finish()
+        state, rest = status(gen, parsed), tail(gen, parsed, sent)
+        output: list[dict[str, Any]] = []
+        if not opened and (rest or not parsed.tool_calls):  # a message item always, unless only tool calls
+            opened = True
+            for line in open_message():
+                yield line
+        if rest:
+            sent += rest
+            yield delta(rest)
+        if opened:
+            item = message_item(mid, sent, state)
+            at = {"item_id": mid, "output_index": 0, "content_index": 0}
+            yield ev("response.output_text.done", **at, text=sent, logprobs=[])
+            yield ev("response.content_part.done", **at, part=item["content"][0])
+            yield ev("response.output_item.done", output_index=0, item=item)
+            output.append(item)
+        for item in function_call_items(rid, parsed, len(output)):
+            index = len(output)
+            yield ev("response.output_item.added", output_index=index,
+                     item={**item, "arguments": "", "status": "in_progress"})
+            yield ev("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                     delta=item["arguments"])
+            yield ev("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                     name=item["name"], arguments=item["arguments"])
+            yield ev("response.output_item.done", output_index=index, item=item)
+            output.append(item)
+        used = usage(len(gen.prompt_ids), len(gen.token_ids))
+        final = response_object(rid, req, created_at, state, output, used)
+        yield ev("response.completed" if state == "completed" else "response.incomplete", response=final)
+
+    def stream_error(self, ex: Exchange, exc: APIError | EngineError) -> str:
+        ev = ex.state if isinstance(ex.state, Events) else Events()
+        error = {"code": "server_error" if exc.status >= 500 else exc.code or "invalid_request", "message": exc.message}
+        return ev("response.failed", response=response_object(ex.job.reply_id, ex.job.req, ex.job.created,
+                                                                    "failed", [], None, error))
+
+
+RESPONSES = Responses()
+
+
+@router.post("/v1/responses", openapi_extra=schema.request_body(ResponsesRequest))
+async def responses(request: Request) -> Any:
+    return await handle(request, RESPONSES, None)
+
+
+@router.post("/{session_id}/{prompt_id}/v1/responses", openapi_extra=schema.request_body(ResponsesRequest))
+async def responses_with_ids(session_id: str, prompt_id: str, request: Request) -> Any:
+    return await handle(request, RESPONSES, (session_id, prompt_id))
+
+
+@router.post("/{session_id}/{prompt_id}/responses", openapi_extra=schema.request_body(ResponsesRequest))
+async def responses_with_ids_bare(session_id: str, prompt_id: str, request: Request) -> Any:
+    return await handle(request, RESPONSES, (session_id, prompt_id), bare=True)

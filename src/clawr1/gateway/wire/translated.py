@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from clawr1.core.types import SamplingParams
+from clawr1.gateway.memory import rendered
 from clawr1.gateway.pipeline import Job
 from clawr1.gateway.service import Caller, Gateway
 from clawr1.gateway.sessions import affinity_key
@@ -22,9 +23,9 @@ def chat_job(gw: Gateway, req: Any, caller: Caller, reply_id: str, messages: lis
              tools: list[dict[str, Any]] | None, sampling: SamplingParams, headers: dict[str, str],
              path_ids: tuple[str, str] | None) -> Job:
     """A translated request as chat would run it (a bad conversation raises here, before admission)."""
-    prompt = gw.engine.render(messages, tools)
+    prompt, recall = rendered(gw, caller, headers, path_ids, req, messages, tools)  # the user's memory added
     return Job(req, reply_id, [prompt], [sampling], messages, tools, bool(req.stream), watch_tools=tools is not None,
-               affinity=affinity_key(caller.tenant, messages, headers, path_ids, caller.session_id))
+               affinity=affinity_key(caller.tenant, messages, headers, path_ids, caller.session_id), recall=recall)
 
 
 def text_content(texts: list[str]) -> str | list[dict[str, str]] | None:
