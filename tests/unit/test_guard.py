@@ -557,3 +557,29 @@ def test_rejections_in_a_row_shrink_the_next_step_until_a_promotion(tiny_model_d
         resumed = Trainer(config, pool)  # the count is checkpointed: a restart keeps the smaller step
         assert resumed.rejections == 1
         resumed.close()
+
+
+def test_a_probe_is_asked_without_the_users_memory():
+    """A held-out turn whose prompt carried a user's memory is replayed as its client sent it: the
+    guard measures what a version says unreminded, and no user's entries reach a probe (the
+    everyday probes take their system prompt from the held ones)."""
+    from clawr1.core import memory
+    from clawr1.core.records import Step
+    from clawr1.guard.probes import probes_of
+
+    sent = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "hi"}]
+    served, added, at = memory.add_to(sent, memory.block(["No lists, please."]))
+    step = Step(step_id="a", tenant="default", session_id="s", prompt_id="p", turn_index=0, turn_type="main",
+                messages=served, tools=None, prompt_ids=[1, 2, 3], token_ids=[3], logprobs=[-1.0], text="x",
+                policy_version=0, adapter=None, finish_reason="stop", temperature=0.7,
+                memory=memory.record("user:ann", [(1, "No lists, please.")], added, at))
+    rendered = []
+
+    def render(messages, tools):
+        rendered.append(messages)
+        return [7, 8]
+
+    [probe] = probes_of([step], 16, render)
+    assert probe.messages == sent and probe.prompt_ids == [7, 8] and rendered == [sent]
+    [plain] = probes_of([Step(**{**step.__dict__, "memory": {"user": "user:ann"}, "messages": sent})], 16, render)
+    assert plain.prompt_ids == [1, 2, 3]  # no entries: replayed as recorded

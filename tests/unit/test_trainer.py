@@ -468,6 +468,9 @@ def test_a_version_trained_from_little_that_is_useful_says_so(tiny_model_dir, tm
             metrics = trainer.run_once()
     assert metrics["version"] == 1 and (metrics["samples"], metrics["no_signal"]) == (6, 5)
     assert "1 of 6 samples had a signal" in caplog.text
+    # v1 is the first step from the base: its KL is 0 by construction, not a silent KL term.
+    assert trainer.tc.kl_coef > 0 and metrics["kl"] == 0.0 and metrics["kl_silent"] == 0
+    assert "configured but 0" not in caplog.text
 
 
 def test_each_version_counts_the_turns_that_left_training_unused(tiny_model_dir, tmp_path, generations, caplog):

@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from clawr1.core.config import Config
-from clawr1.core.memory import STATUSES
+from clawr1.core.memory import STATUSES, learned
 from clawr1.core.records import DEFAULT_TENANT
 
 console = Console()
@@ -95,7 +95,8 @@ def cmd_memory(args: argparse.Namespace, config: Config) -> int:
 
 def _table(entries: list[dict[str, Any]], switches: list[dict[str, Any]], config: Config) -> None:
     table = Table(title="memory entries, newest first")
-    for column in ("id", "tenant", "user", "status", "entry", "from (session · step)", "correction", "added"):
+    for column in ("id", "tenant", "user", "status", "entry", "from (session · step)", "correction", "added",
+                   "left to learn"):
         table.add_column(column, overflow="fold")
     for e in entries:
         status = e["status"] + (f" by {e['replaced_by']}" if e["replaced_by"] else "") + (
@@ -103,7 +104,8 @@ def _table(entries: list[dict[str, Any]], switches: list[dict[str, Any]], config
         table.add_row(str(e["id"]), escape(e["tenant"]), escape(e["user_id"]), escape(status), escape(e["text"]),
                       escape(f"{e['session_id']} · {e['step_id']} ({e['source']})"), escape(e["correction"] or ""),
                       time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["created_at"])),
-                      style={"active": "green", "refused": "red"}.get(e["status"]))
+                      escape(learned(e.get("checks") or [], last=3)),
+                      style={"active": "green", "refused": "red", "retired": "blue"}.get(e["status"]))
     console.print(table)
     if not config.memory.enabled:
         console.print("memory is off (memory.enabled = false)")

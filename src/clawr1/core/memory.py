@@ -39,7 +39,13 @@ MAX_CORRECTION_CHARS = 2000
 """Of the correction an entry came from (the next state's user text, or the feedback), kept with it
 for provenance."""
 
-STATUSES = ("active", "replaced", "forgotten", "refused", "evicted")
+STATUSES = ("active", "replaced", "forgotten", "refused", "evicted", "retired")
+
+MAX_CHECKS = 32
+"""Per entry, the newest versions' consolidation measures kept (`checks`)."""
+
+RECHECK_STEPS = 4
+"""Steps a retired entry is measured again on (the newest of those that retired it)."""
 
 TOOL_HINT_PREFIX = "The previous tool call failed: "
 """How the judge's hints from a failed tool call begin (`reward/extract.py` TOOL_PREFIX): about one
@@ -160,3 +166,10 @@ def record(user: str, entries: list[tuple[int, str]], added: str, at: str | None
     if not entries:
         return {"user": user}
     return {"user": user, "entries": [{"id": i, "text": t} for i, t in entries], "added": added, "at": at}
+
+
+def learned(checks: list[dict[str, Any]], last: int = 6) -> str:
+    """An entry's consolidation measure per version (`checks`), the newest `last`: how much likelier
+    the reminded teacher finds the user's replies than the served version does unreminded, in nats
+    a token (`trainer.loop.check_memory`); near 0, the weights have learned the entry."""
+    return ", ".join(f"v{c['version']} {c['gap']:+.2f}" for c in checks[-last:])

@@ -34,7 +34,8 @@ class Step:
 
     `step_id` is chosen by the client or gateway and is the idempotency key: a replayed step is
     stored once. `prompt_id` groups samples of the same prompt (GRPO groups in white-box mode).
-    `messages` are the request's messages as sent. `next_state` is never written by callers: the
+    `messages` are the request's messages as served (as sent, plus the memory the gateway added:
+    `memory` below). `next_state` is never written by callers: the
     pool fills it on read once the session's next main turn has arrived (that turn's messages
     after this turn's reply: user text, tool results, each with its role). `memory`: whose memory
     the prompt carried, which entries and the exact text they added to `messages`

@@ -208,6 +208,20 @@ class PoolQueue(ABC):
         carried it name it), never added to a prompt again. Returns the ids forgotten."""
 
     @abstractmethod
+    def check_memory(self, version: int, gaps: dict[int, dict[str, Any]], retire_gap: float, return_gap: float,
+                     min_tokens: int) -> dict[str, list[int]]:
+        """The trainer's consolidation measure of memory entries on the served `version` (`gaps`:
+        entry id -> `gap`, nats a token the teacher with the entry finds the replies likelier than
+        the version without it; `tokens`; `steps`, the step ids): recorded per entry (`checks`), an
+        active entry with a small enough gap on enough tokens `retired` (it leaves the prompts), a
+        retired one with a large gap `restored`. Returns the ids of both."""
+
+    @abstractmethod
+    def memory_recheck(self, tenant: str | None = None, limit: int = 8) -> list[dict[str, Any]]:
+        """Retired entries to measure again (id, user_id, `steps`: the step ids it retired on), the
+        longest unchecked first."""
+
+    @abstractmethod
     def switch_memory(self, tenant: str, user: str = "", off: bool = True) -> bool:
         """Turn the memory off (`off`) or on again for one user of a tenant, or (`user` "") for the
         whole tenant: no entry is made for them or added to their prompts while it is off. True if

@@ -501,24 +501,33 @@ def remember(conn: sqlite3.Connection, hint: Hint) -> int | None:
     tenant, session_id = row[0], row[1]
     if _switched_off(conn, tenant, user):
         return None
+    correction = hint.text if hint.source == "feedback" else _correction(conn, hint.step_id)
+    if not correction:
+        # The judge reads the whole next state, tool results included: a hint from a turn the user
+        # said nothing in would carry a tool's output (a fetched page, a file) into the user's
+        # system prompt for good. Only what the user (or explicit feedback) said becomes memory.
+        return None
     text = memory.fold(hint.text)
     why = memory.refusal(text)
     active = conn.execute("SELECT id, text, topic FROM memory_entries WHERE tenant = ? AND user_id = ? "
                           "AND status = 'active' ORDER BY created_at, id", (tenant, user)).fetchall()
+    # A retired entry on the new one's topic is replaced too: the user corrected it again, so the
+    # weights did not hold it, and the newer wording wins.
+    retired = conn.execute("SELECT id FROM memory_entries WHERE tenant = ? AND user_id = ? AND status = 'retired' "
+                           "AND topic = ?", (tenant, user, memory.topic(text))).fetchall() if why is None else []
     if why is None and any(memory.normal(t) == memory.normal(text) for _, t, _ in active):
         return None  # a repeat (say, feedback on each of a completion's choices): the first stands
     now, rev = clock(), _rev(conn, "memory_entries")
-    correction = hint.text if hint.source == "feedback" else _correction(conn, hint.step_id)
     topic = memory.topic(text) if why is None else "refused"
     entry = conn.execute(
         "INSERT INTO memory_entries (tenant, user_id, text, topic, status, reason, source, step_id, session_id, "
         "correction, created_at, updated_at, rev) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
         (tenant, user, text[: 4 * memory.MAX_ENTRY_CHARS], topic, "refused" if why else "active", why, hint.source,
-         hint.step_id, session_id, correction[: memory.MAX_CORRECTION_CHARS] if correction else None, now, now,
+         hint.step_id, session_id, correction[: memory.MAX_CORRECTION_CHARS], now, now,
          rev)).fetchone()[0]
     if why is not None:
         return entry
-    replaced = [i for i, _, t in active if t == topic]
+    replaced = [i for i, _, t in active if t == topic] + [r[0] for r in retired]
     kept = [i for i, _, t in active if t != topic]
     evicted = kept[: max(0, len(kept) + 1 - memory.MAX_ACTIVE)]  # oldest first
     for ids, status, by in ((replaced, "replaced", entry), (evicted, "evicted", None)):
@@ -543,6 +552,40 @@ def forget_memory(conn: sqlite3.Connection, entry_id: int | None, tenant: str | 
         conn.execute(f"UPDATE memory_entries SET status = 'forgotten', updated_at = ?, rev = ? "
                      f"WHERE id IN ({', '.join('?' * len(ids))})", (clock(), _rev(conn, "memory_entries"), *ids))
     return ids
+
+
+def check_memory(conn: sqlite3.Connection, version: int, gaps: dict[int, dict[str, Any]], retire_gap: float,
+                 return_gap: float, min_tokens: int) -> dict[str, list[int]]:
+    """Record each entry's consolidation measure on `version` (`gaps`: entry id -> `gap`, nats a
+    token; `tokens`, how many it was measured on; `steps`, the step ids), and act on it: an active
+    entry measured on at least `min_tokens` with a gap at most `retire_gap` either way retires (leaves the
+    prompts at the gateways' next read; its newest steps kept to measure it again on); a retired
+    one whose gap grew past `return_gap` is active again. Returns the ids `retired` and `restored`."""
+    out: dict[str, list[int]] = {"retired": [], "restored": []}
+    if not gaps:
+        return out
+    now, rev = clock(), _rev(conn, "memory_entries")
+    for entry_id, measured in gaps.items():
+        row = conn.execute("SELECT status, checks, retired_on FROM memory_entries WHERE id = ?", (entry_id,)).fetchone()
+        if row is None or row[0] not in ("active", "retired"):
+            continue  # forgotten, replaced or evicted while the version trained: nothing to decide
+        gap, tokens = float(measured["gap"]), int(measured["tokens"])
+        checks = [*json.loads(row[1] or "[]"), {"version": version, "gap": round(gap, 4), "tokens": tokens}]
+        status, retired_on = row[0], row[2]
+        # Either sign is a difference: negative, the version unreminded says these replies more
+        # readily than the reminded teacher (over-learned, or replies the memory did not shape).
+        if status == "active" and tokens >= min_tokens and abs(gap) <= retire_gap:
+            status = "retired"
+            retired_on = dumps(list(measured.get("steps", ()))[-memory.RECHECK_STEPS:])
+            out["retired"].append(entry_id)
+        elif status == "retired" and abs(gap) > return_gap:
+            status = "active"
+            out["restored"].append(entry_id)
+        conn.execute("UPDATE memory_entries SET status = ?, gap = ?, checked_version = ?, checks = ?, retired_on = ?, "
+                     "updated_at = ?, rev = CASE WHEN status = ? THEN rev ELSE ? END WHERE id = ?",
+                     (status, gap, version, dumps(checks[-memory.MAX_CHECKS:]), retired_on, now, status, rev,
+                      entry_id))
+    return out
 
 
 def switch_memory(conn: sqlite3.Connection, tenant: str, user: str, off: bool) -> bool:

@@ -364,7 +364,13 @@ def policy_versions(conn: sqlite3.Connection, adapter: str | None) -> list[dict[
 # ---- per-user memory ---------------------------------------------------------------------------
 
 _ENTRY_COLUMNS = ("id, tenant, user_id, text, topic, status, reason, source, step_id, session_id, correction, "
-                  "replaced_by, created_at, updated_at, rev")
+                  "replaced_by, created_at, updated_at, rev, gap, checked_version, checks")
+
+
+def _entry(row: Any) -> dict[str, Any]:
+    entry = dict(row)
+    entry["checks"] = json.loads(entry["checks"] or "[]")
+    return entry
 
 
 def memory_entries(conn: sqlite3.Connection, tenant: str | None, user: str | None, status: str | None,
@@ -373,7 +379,7 @@ def memory_entries(conn: sqlite3.Connection, tenant: str | None, user: str | Non
     rows = conn.execute(f"SELECT {_ENTRY_COLUMNS} FROM memory_entries WHERE tenant = coalesce(?1, tenant) "
                         "AND user_id = coalesce(?2, user_id) AND status = coalesce(?3, status) ORDER BY id DESC "
                         "LIMIT ?4", (tenant, user, status, limit)).fetchall()
-    return [dict(row) for row in rows]
+    return [_entry(row) for row in rows]
 
 
 def memory_entry(conn: sqlite3.Connection, entry_id: int, tenant: str | None) -> dict[str, Any]:
@@ -382,10 +388,19 @@ def memory_entry(conn: sqlite3.Connection, entry_id: int, tenant: str | None) ->
                        (entry_id, tenant)).fetchone()
     if row is None:
         raise KeyError(f"no memory entry {entry_id}")
-    entry = dict(row)
-    entry["replaced"] = [dict(r) for r in conn.execute(
+    entry = _entry(row)
+    entry["replaced"] = [_entry(r) for r in conn.execute(
         f"SELECT {_ENTRY_COLUMNS} FROM memory_entries WHERE replaced_by = ? ORDER BY id", (entry_id,))]
     return entry
+
+
+def memory_recheck(conn: sqlite3.Connection, tenant: str | None, limit: int) -> list[dict[str, Any]]:
+    """Retired entries (of one tenant, or all), the longest unchecked first: id, user_id and the
+    step ids each is measured again on."""
+    rows = conn.execute("SELECT id, user_id, retired_on FROM memory_entries WHERE status = 'retired' "
+                        "AND tenant = coalesce(?, tenant) ORDER BY coalesce(checked_version, 0), id LIMIT ?",
+                        (tenant, limit)).fetchall()
+    return [{"id": r[0], "user_id": r[1], "steps": json.loads(r[2] or "[]")} for r in rows]
 
 
 def memory_changes(conn: sqlite3.Connection, entries_since: int, switches_since: int) -> dict[str, Any]:

@@ -173,15 +173,17 @@ CREATE INDEX IF NOT EXISTS policy_versions_by_adapter ON policy_versions (adapte
 -- that user (`user_id`: `user:<id>`, `session:<id>` or `tenant`, within its tenant), with where it
 -- came from (the corrected step, its session, the correction) and its fate: `active` (added to the
 -- user's prompts), `replaced` (by `replaced_by`, a newer entry on its topic), `forgotten` (an
--- admin), `refused` (bad input: `reason`), `evicted` (past the per-user cap). `rev` grows with
--- every change (one value per transaction): a gateway reads only the rows changed since its last.
+-- admin), `refused` (bad input: `reason`), `evicted` (past the per-user cap), `retired` (the
+-- weights learned it: `gap`, the last version's measure, and `checks`, the versions' measures;
+-- `retired_on`, the steps it is measured again on). `rev` grows with every change (one value per
+-- transaction): a gateway reads only the rows changed since its last.
 CREATE TABLE IF NOT EXISTS memory_entries (
     id INTEGER PRIMARY KEY,
     tenant TEXT NOT NULL,
     user_id TEXT NOT NULL,
     text TEXT NOT NULL,
     topic TEXT NOT NULL,
-    status TEXT NOT NULL CHECK (status IN ('active', 'replaced', 'forgotten', 'refused', 'evicted')),
+    status TEXT NOT NULL CHECK (status IN ('active', 'replaced', 'forgotten', 'refused', 'evicted', 'retired')),
     reason TEXT,
     source TEXT NOT NULL,
     step_id TEXT NOT NULL,
@@ -190,7 +192,11 @@ CREATE TABLE IF NOT EXISTS memory_entries (
     replaced_by INTEGER,
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
-    rev INTEGER NOT NULL
+    rev INTEGER NOT NULL,
+    gap REAL,  -- nats a token: the teacher with the entry over the served version without it
+    checked_version INTEGER,  -- the version `gap` was measured on
+    checks TEXT,  -- JSON: [{version, gap, tokens}], the newest last
+    retired_on TEXT  -- JSON: the step ids a retired entry is measured again on
 );
 CREATE INDEX IF NOT EXISTS memory_entries_by_user ON memory_entries (tenant, user_id, status);
 CREATE INDEX IF NOT EXISTS memory_entries_by_rev ON memory_entries (rev);

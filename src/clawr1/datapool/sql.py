@@ -136,6 +136,14 @@ class SQLPool(DataPool):
             raise ValueError("name an entry id, or a tenant and a user")
         return self._writer.run(partial(ops.forget_memory, entry_id=entry_id, tenant=tenant, user=user))
 
+    def check_memory(self, version: int, gaps: dict[int, dict[str, Any]], retire_gap: float, return_gap: float,
+                     min_tokens: int) -> dict[str, list[int]]:
+        return self._writer.run(partial(ops.check_memory, version=version, gaps=gaps, retire_gap=retire_gap,
+                                        return_gap=return_gap, min_tokens=min_tokens))
+
+    def memory_recheck(self, tenant: str | None = None, limit: int = 8) -> list[dict[str, Any]]:
+        return self._read(queries.memory_recheck, tenant, limit)
+
     def switch_memory(self, tenant: str, user: str = "", off: bool = True) -> bool:
         if not tenant:
             raise ValueError("name the tenant")

@@ -103,7 +103,7 @@ class Memory:
         if given is None:
             metadata = getattr(req, "metadata", None)
             given = metadata.get("user_id") if isinstance(metadata, dict) else None
-        if isinstance(given, str) and USER_ID.fullmatch(given.strip()):  # else (an odd one): nobody
+        if isinstance(given, str) and USER_ID.fullmatch(given.strip()):  # else (an odd one): the fallback
             return "user:" + given.strip()
         fallback = self.config.fallback
         if fallback == "session":
@@ -192,8 +192,10 @@ class Memory:
             self._views.pop(key, None)
 
     def active(self) -> int:
-        """Active entries held (the gauge)."""
-        return sum(len(held) for held in self._entries.values())
+        """Active entries held (the gauge; read by the metrics scrape while `refresh` may change them
+        in a worker thread: `list` copies the values in one step under the GIL, where a generator
+        over the live view could see it change size; no lock, which `refresh` holds across a pool read)."""
+        return sum(len(held) for held in list(self._entries.values()))
 
     async def watch(self) -> None:
         """Keep current (`memory.refresh_s`); a failed read is logged and tried again."""

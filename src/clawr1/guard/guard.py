@@ -294,7 +294,7 @@ class Guard:
         ids = await asyncio.to_thread(self.gw.pool.hold_out, line.tenant, want)
         if ids:
             steps = await asyncio.to_thread(self.gw.pool.get_steps, ids)
-            line.held += probes_of(steps, self.config.probe_max_tokens)
+            line.held += probes_of(steps, self.config.probe_max_tokens, self.gw.engine.render)
 
     async def _draw(self, line: Line, held: list[Probe], version: int) -> ProbeSet:
         """A new probe set: the base answers it; its replies calibrate the measures. The base then

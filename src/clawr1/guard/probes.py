@@ -17,6 +17,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from clawr1.core.memory import without
 from clawr1.core.records import Step
 from clawr1.core.types import Generation, SamplingDefaults, SamplingParams
 from clawr1.quality import Calibration, Reply, Summary, summarize
@@ -59,13 +60,24 @@ class ProbeSet:
     summaries: dict[int, Summary] = field(default_factory=dict)  # version -> its replies on this set
 
 
-def probes_of(steps: list[Step], max_tokens: int) -> list[Probe]:
+def probes_of(steps: list[Step], max_tokens: int, render: Any = None) -> list[Probe]:
     """Probes from held-out steps; the seed is a function of the step id, so re-asking is paired.
     A step with no user message (an agent's turn on its system prompt alone) is no probe: a
-    reply's relevance is measured against what the user asked."""
-    return [Probe(step.step_id, step.messages, step.tools, step.prompt_ids, step.temperature,
-                  max_tokens, zlib.crc32(step.step_id.encode()), step.top_p, step.top_k)
-            for step in steps if any(m.get("role") == "user" for m in step.messages or ())]
+    reply's relevance is measured against what the user asked. A step whose prompt carried a
+    user's memory is asked as its client sent it (`core.memory.without`, rendered by `render`):
+    the guard measures what a version says unreminded, and no user's entries reach a probe (nor,
+    through its system prompt, the everyday probes)."""
+    out = []
+    for step in steps:
+        if not any(m.get("role") == "user" for m in step.messages or ()):
+            continue
+        messages, prompt_ids = step.messages, step.prompt_ids
+        if render is not None and (step.memory or {}).get("entries"):
+            messages = without(step.messages, step.memory)
+            prompt_ids = render(messages, step.tools)
+        out.append(Probe(step.step_id, messages, step.tools, prompt_ids, step.temperature,
+                         max_tokens, zlib.crc32(step.step_id.encode()), step.top_p, step.top_k))
+    return out
 
 
 def everyday_probes(render: Any, context: list[dict[str, Any]], n: int, max_tokens: int,

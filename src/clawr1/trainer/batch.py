@@ -6,14 +6,16 @@ computed once per batch (`rl_advantages`), before the batch is cut into micro-ba
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from clawr1.core.config import Config, TrainerConfig, hint_at_for
+from clawr1.core.memory import without
 from clawr1.core.messages import text_of
 from clawr1.core.records import Step
 from clawr1.trainer.losses import (
@@ -26,6 +28,8 @@ from clawr1.trainer.losses import (
 )
 from clawr1.trainer.policy import Policy, Rows, pack
 
+log = logging.getLogger(__name__)
+
 HINT_PREFIX = "\n\n[Hint from what happened next] "
 SYSTEM_HINT_PREFIX = "\n\nWhat happened after an earlier answer, to follow in this one: "
 
@@ -37,7 +41,10 @@ class TrainSample:
     weight: float = 1.0  # below 1 for stale samples under `stale_policy = "downweight"`
     hint: str | None = None
     lease_id: str | None = None  # the lease it came in (acknowledged after the version trained on it)
-    relabelled: bool = False  # a row `relabelled` made: no lease of its own, behaviour = the learner's
+    relabelled: bool = False  # a row made from another (`relabelled`, `consolidation`): no lease of its own,
+    # behaviour = the learner's
+    teacher_prompt: list[int] | None = None  # the teacher's context, when not the prompt with `hint` in it
+    memory: tuple[int, ...] = ()  # a `consolidation` row: the memory entries its teacher's prompt carried
 
 
 def per_sample(samples: list[TrainSample], config: TrainerConfig) -> list[TrainSample]:
@@ -74,6 +81,34 @@ def relabelled(pool: Any, samples: list[TrainSample], weight: float) -> list[Tra
                                 messages=previous[p].messages, tools=previous[p].tools,
                                 prompt_ids=previous[p].prompt_ids), s.reward, s.weight * weight, relabelled=True)
             for s, p in pairs]
+
+
+MEMORY_SUFFIX = ":memory"
+
+
+def consolidation(chat: Any, samples: list[TrainSample], weight: float) -> list[TrainSample]:
+    """Context distillation of per-user memory (`memory.distill_weight`): for each sample whose
+    prompt carried memory entries (`Step.memory`), one more row: the same reply tokens after the
+    prompt without them (`core.memory.without`, rendered by `chat`), taught by the prompt as served.
+    OPD then pulls the student, who is not reminded, towards what the teacher says when reminded;
+    the sample itself keeps its recorded prompt (memory included) for RL. A step whose messages do
+    not hold the memory its record names is left out, with a warning (it would teach nonsense)."""
+    rows = []
+    for s in samples if weight else ():
+        record = s.step.memory or {}
+        if not record.get("entries") or not s.step.messages or s.relabelled or not s.step.token_ids:
+            continue
+        try:
+            messages = without(s.step.messages, record)
+        except ValueError as exc:
+            log.warning("step %s: no consolidation row: %s", s.step.step_id, exc)
+            continue
+        rows.append(TrainSample(
+            replace(s.step, step_id=s.step.step_id + MEMORY_SUFFIX, prompt_id=s.step.prompt_id + MEMORY_SUFFIX,
+                    messages=messages, prompt_ids=chat.render(messages, s.step.tools)),
+            None, s.weight * weight, hint=record["added"], relabelled=True, teacher_prompt=list(s.step.prompt_ids),
+            memory=tuple(int(e["id"]) for e in record["entries"])))
+    return rows
 
 
 def load_samples(pool: Any, lease: Any) -> list[TrainSample]:
@@ -126,6 +161,8 @@ class Prepared:
     # [B, K], and the weight of each token's stop term (hinted samples' reply tokens x weight).
     stop_teacher: torch.Tensor | None = None
     stop_weight: torch.Tensor | None = None
+    # Consolidation rows: per memory entry, what is left to teach (`memory_gaps`).
+    memory_gaps: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 def rl_advantages(samples: list[TrainSample], config: TrainerConfig, baseline: float) -> tuple[torch.Tensor, float]:
@@ -167,18 +204,24 @@ def prepare(policy: Policy, samples: list[TrainSample], config: TrainerConfig, r
     opd = torch.zeros(len(steps), k)
     hinted = config.method != "rl" and bool(has_hint.any())
     full = hinted and config.opd_estimator == "full"
-    stop = None
+    stop = teacher = None
     if hinted and not full:
-        opd, stop = _opd(policy, samples, rows, behaviour, config)
+        opd, stop, teacher = _opd(policy, samples, rows, behaviour, config)
+    remembered = [i for i, s in enumerate(samples) if s.memory]
+    if remembered and teacher is None:  # (the full estimator reads hidden states, not these logprobs)
+        teacher, _ = teacher_logprobs(policy, samples, remembered, k, config)
     advantage, mask, usable = token_advantages(samples, config, rl, opd, rows.mask)
     weight = torch.tensor([s.weight for s in samples])
     has_logprobs = torch.tensor([bool(s.logprobs) and not sample.relabelled for s, sample in zip(steps, samples)])
-    stats = {"samples": float(len(samples) - len(own)), "relabelled": float(len(own)),
+    stats = {"samples": float(len(samples) - len(own)), "relabelled": float(len(own) - len(remembered)),
+             "memory_rows": float(len(remembered)),
              "usable": float(usable.sum()), "tokens": float(mask.sum()),
              "reply_tokens": float(rows.mask.sum()), **advantage_signs(advantage * mask, rows.mask)}
     device = policy.device
     out = Prepared(rows.to(device), behaviour.to(device), advantage.to(device), mask.to(device),
                    (mask * has_logprobs[:, None].float()).to(device), stats)
+    if remembered:
+        out.memory_gaps = memory_gaps(samples, teacher, behaviour, rows.mask)
     if full:
         out.teacher, out.teacher_head = _teacher_hidden(policy, samples, rows, config)
         out.distill = (mask * (has_hint * weight)[:, None]).to(device)
@@ -232,8 +275,10 @@ def hinted_prompt(chat: Any, step: Step, hint: str, at: str = "user") -> list[in
 
 
 def _teacher_rows(policy: Policy, samples: list[TrainSample], index: list[int], at: str | None) -> Rows:
-    """The hinted samples' replies after their hint-augmented contexts, right-aligned like `pack`."""
-    prompts = [hinted_prompt(policy.chat, samples[i].step, samples[i].hint or "", at) for i in index]
+    """The hinted samples' replies after their hint-augmented contexts (a consolidation row's: the
+    prompt as served, memory in it), right-aligned like `pack`."""
+    prompts = [samples[i].teacher_prompt if samples[i].teacher_prompt is not None
+               else hinted_prompt(policy.chat, samples[i].step, samples[i].hint or "", at) for i in index]
     return pack(prompts, [samples[i].step.token_ids for i in index], [samples[i].step.temperature for i in index],
                 policy.pad_id, [(samples[i].step.top_k, samples[i].step.top_p) for i in index])
 
@@ -252,23 +297,65 @@ def _right_aligned(values: torch.Tensor, samples: list[TrainSample], index: list
 
 
 @torch.no_grad()
-def _opd(policy: Policy, samples: list[TrainSample], rows: Rows, behaviour: torch.Tensor,
-         config: TrainerConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Teacher logprobs of the same reply tokens with the hint in the context, minus behaviour
-    (zero on the tokens of samples without a hint); with `stop_coef`, also the teacher's logprob
+def teacher_logprobs(policy: Policy, samples: list[TrainSample], index: list[int], k: int, config: TrainerConfig,
+                     stop: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The teacher's logprobs [len(samples), k] of the reply tokens of `samples[index]` after their
+    teacher contexts (zeros elsewhere), right-aligned on `k` columns; with `stop`, also its logprob
     of ending the reply at each of those positions (same forward), else None."""
-    index = [i for i, s in enumerate(samples) if s.hint]
-    k = rows.targets.shape[1]
     with _teacher(policy, config):
         teacher_rows = _teacher_rows(policy, samples, index, config.hint_at)
-        if config.stop_coef > 0:
-            teacher, stop = policy.logprobs_and_stop(teacher_rows)
+        if stop:
+            teacher, ends = policy.logprobs_and_stop(teacher_rows)
         else:
-            teacher, stop = policy.logprobs(teacher_rows), None
+            teacher, ends = policy.logprobs(teacher_rows), None
+    return (_right_aligned(teacher.cpu(), samples, index, k),
+            None if ends is None else _right_aligned(ends.cpu(), samples, index, k))
+
+
+def _opd(policy: Policy, samples: list[TrainSample], rows: Rows, behaviour: torch.Tensor,
+         config: TrainerConfig) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Teacher logprobs of the same reply tokens with the hint in the context, minus behaviour
+    (zero on the tokens of samples without a hint); with `stop_coef`, also the teacher's logprob
+    of ending the reply at each of those positions (same forward), else None; and the teacher's
+    logprobs themselves."""
+    index = [i for i, s in enumerate(samples) if s.hint]
+    teacher, stop = teacher_logprobs(policy, samples, index, rows.targets.shape[1], config, config.stop_coef > 0)
     hinted = rows.mask * torch.tensor([bool(s.hint) for s in samples])[:, None]
-    teacher = _right_aligned(teacher.cpu(), samples, index, k)
-    stop = None if stop is None else _right_aligned(stop.cpu(), samples, index, k) * hinted
-    return opd_advantage(teacher, behaviour, config.opd_clip) * hinted, stop
+    stop = None if stop is None else stop * hinted
+    return opd_advantage(teacher, behaviour, config.opd_clip) * hinted, stop, teacher
+
+
+def memory_gaps(samples: list[TrainSample], teacher: torch.Tensor, own: torch.Tensor,
+                mask: torch.Tensor) -> dict[int, dict[str, Any]]:
+    """Per memory entry, what consolidation has left to teach: over the reply tokens (`mask`) of the
+    consolidation rows that carry it, the sums of teacher (reminded) minus `own` (the learner, not
+    reminded) logprob, the token counts and the step ids. `memory_gap_means` turns them into means."""
+    out: dict[int, dict[str, Any]] = {}
+    for i, sample in enumerate(samples):
+        if not sample.memory:
+            continue
+        tokens = float(mask[i].sum())
+        gap = float(((teacher[i] - own[i]) * mask[i]).sum())
+        for entry in sample.memory:
+            into = out.setdefault(entry, {"gap_sum": 0.0, "tokens": 0.0, "steps": []})
+            into["gap_sum"] += gap
+            into["tokens"] += tokens
+            into["steps"].append(sample.step.step_id.removesuffix(MEMORY_SUFFIX))
+    return out
+
+
+def add_gaps(into: dict[int, dict[str, Any]], more: dict[int, dict[str, Any]]) -> None:
+    for entry, m in more.items():
+        acc = into.setdefault(entry, {"gap_sum": 0.0, "tokens": 0.0, "steps": []})
+        acc["gap_sum"] += m["gap_sum"]
+        acc["tokens"] += m["tokens"]
+        acc["steps"] += m["steps"]
+
+
+def memory_gap_means(gaps: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """`check_memory`'s form: per entry the mean gap (nats a token), the tokens and the steps."""
+    return {entry: {"gap": m["gap_sum"] / m["tokens"], "tokens": int(m["tokens"]), "steps": m["steps"]}
+            for entry, m in gaps.items() if m["tokens"]}
 
 
 @torch.no_grad()

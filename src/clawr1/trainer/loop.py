@@ -20,7 +20,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +33,21 @@ from clawr1.engine import adapters
 from clawr1.engine.models import resolve_model
 from clawr1.trainer import checkpoint, guarded, history, sharded
 from clawr1.trainer.batch import (
+    MEMORY_SUFFIX,
     Prepared,
     TrainSample,
+    add_gaps,
+    consolidation,
     load_samples,
+    memory_gap_means,
+    memory_gaps,
     micro_batches,
     per_sample,
     prepare,
     relabelled,
     resolved,
     rl_advantages,
+    teacher_logprobs,
 )
 from clawr1.trainer.losses import entropy_band, kl_to_reference, masked_mean, ppo_loss, stop_kl
 from clawr1.trainer.policy import Policy, pack
@@ -192,6 +198,7 @@ class Trainer(guarded.GuardSide):
             log.info("a batch of %d samples had no trainable token: acknowledged, no version published (%d so far)",
                      int(metrics["samples"]), self.skipped)
             return None
+        gaps, measured_on = metrics.pop("memory_gaps", {}), self.weights_of
         self.version += 1
         self.weights_of = self.version
         self.say_what_it_learned_from(metrics)
@@ -220,6 +227,8 @@ class Trainer(guarded.GuardSide):
         else:
             self.promoted = self.version  # served as published
         if lead:
+            changed = self.check_memory(gaps, measured_on)
+            metrics.update(memory_retired=float(len(changed["retired"])), memory_restored=float(len(changed["restored"])))
             metrics["pruned"] = len(adapters.prune(self.adapter_root, self.adapter, self.tc.keep_versions,
                                                    guarded.protected(self.adapter_root, self.adapter, self.promoted)))
         metrics["total_s"] = time.perf_counter() - started
@@ -237,13 +246,17 @@ class Trainer(guarded.GuardSide):
         `lost_<why>`: turns that left training unused since the version before, by why, `LOST`) and
         said in the log when the version trained from little that is useful."""
         metrics["no_signal"] = metrics["samples"] - metrics["usable"]
-        metrics["kl_silent"] = float(self.tc.kl_coef > 0 and metrics["kl"] == 0.0)
+        # (The first step from the base, or from a rollback to it, starts at the base's weights: its KL
+        # is exactly 0 by construction, nothing silent.)
+        metrics["kl_silent"] = float(self.tc.kl_coef > 0 and metrics["kl"] == 0.0
+                                     and optimizer_steps(self.optimizer) > 1)
         if self.ranks.lead:
             now = self.lost_so_far()
             metrics.update({f"lost_{why}": float(n - self.lost_seen.get(why, 0)) for why, n in now.items()})
             self.lost_seen = now
         lost = sum(v for k, v in metrics.items() if k.startswith("lost_"))
-        if metrics["usable"] < 0.25 * metrics["samples"] or metrics["kl_silent"] or lost > metrics["samples"]:
+        # (as many turns lost as trained on: half of what users gave never reached the weights)
+        if metrics["usable"] < 0.25 * metrics["samples"] or metrics["kl_silent"] or lost >= max(metrics["samples"], 1):
             log.warning("v%d trains on little that is useful: %d of %d samples had a signal (a reward or a hint), "
                         "%.0f%% of reply tokens an advantage of 0; %d turns left training unused since v%d (%s)%s",
                         self.version, metrics["usable"], metrics["samples"], 100 * metrics["adv_zero_frac"], lost,
@@ -274,7 +287,50 @@ class Trainer(guarded.GuardSide):
 
     def load(self, lease: Any) -> list[TrainSample]:
         samples = load_samples(self.pool, lease)
-        return per_sample(samples + relabelled(self.pool, samples, self.tc.relabel), self.tc)
+        distill = self.config.memory.distill_weight if self.tc.method != "rl" else 0.0  # (OPD's machinery)
+        return per_sample(samples + relabelled(self.pool, samples, self.tc.relabel)
+                          + consolidation(self.policy.chat, samples, distill), self.tc)
+
+    # ---- memory: consolidation into the weights, and entries retired once learned ------------------
+    def check_memory(self, gaps: dict[int, dict[str, Any]], measured_on: int) -> dict[str, list[int]]:
+        """Rank 0, after the verdict: record the consolidation measure the version's rows gave
+        (`gaps`, taken with the weights of `measured_on`, the version served while they trained)
+        and the measure, with the weights now served, of up to `memory.recheck_entries` retired
+        entries on the steps each retired on; the pool retires and restores entries from them."""
+        mc = self.config.memory
+        out: dict[str, list[int]] = {"retired": [], "restored": []}
+        for version, measured in ((measured_on, memory_gap_means(gaps)), (self.promoted, self.recheck_memory())):
+            if measured:
+                for key, ids in self.pool.check_memory(version, measured, mc.retire_gap, mc.return_gap,
+                                                       mc.retire_min_tokens).items():
+                    out[key] += ids
+        if out["retired"] or out["restored"]:
+            log.info("memory: v%d retired entries %s (the weights learned them), restored %s (forgotten)",
+                     self.promoted, out["retired"], out["restored"])
+        return out
+
+    def recheck_memory(self) -> dict[int, dict[str, Any]]:
+        """The consolidation measure of retired entries (the longest unchecked first) with the
+        weights as they are, on the steps each retired on: teacher (reminded) minus the version
+        (not reminded), no gradient."""
+        due = self.pool.memory_recheck(self.tenant, self.config.memory.recheck_entries) \
+            if self.config.memory.recheck_entries and self.config.memory.distill_weight else []
+        wanted = list(dict.fromkeys(step_id for entry in due for step_id in entry["steps"]))
+        if not wanted:
+            return {}
+        steps = {step.step_id: step for step in self.pool.get_steps(wanted)}
+        rows = [replace(row, memory=(entry["id"],))  # a step may carry several entries: measure the one due
+                for entry in due for step_id in entry["steps"] if step_id in steps
+                for row in consolidation(self.policy.chat, [TrainSample(steps[step_id], None)], 1.0)]
+        if not rows:
+            return {}
+        packed = pack([r.step.prompt_ids for r in rows], [r.step.token_ids for r in rows],
+                      [r.step.temperature for r in rows], self.policy.pad_id,
+                      [(r.step.top_k, r.step.top_p) for r in rows])
+        with torch.no_grad():
+            own = self.policy.logprobs(packed).float().cpu()
+        teacher, _ = teacher_logprobs(self.policy, rows, list(range(len(rows))), packed.targets.shape[1], self.tc)
+        return memory_gap_means(memory_gaps(rows, teacher, own, packed.mask.float()))
 
     def train_step(self, samples: list[TrainSample]) -> dict[str, Any] | None:
         """Forward/backward on `samples`, adding to the gradients kept since the last optimizer step;
@@ -311,7 +367,8 @@ class Trainer(guarded.GuardSide):
                     why = f"out of memory: {str(exc).splitlines()[0]}"
                     del exc  # (its traceback holds the pass's tensors)
                     # (a relabelled row's own id names no lease: its sample's does)
-                    suspects = {own[i].step.step_id.removesuffix(":relabelled") for i in index}
+                    suspects = {own[i].step.step_id.removesuffix(":relabelled").removesuffix(MEMORY_SUFFIX)
+                                for i in index}
                     self.give_back(acc.samples + samples, suspects, why)
                     return None
                 if m.stats["tokens"]:
@@ -320,6 +377,7 @@ class Trainer(guarded.GuardSide):
                 elif self.sharded:
                     self.empty_pass()
                 acc.count(m.stats)
+                add_gaps(acc.memory_gaps, m.memory_gaps)
                 if self.tc.epochs > 1:  # kept only to be passed over again
                     acc.passes.append(m)
                 acc.prepare_s, acc.train_s = acc.prepare_s + t1 - t0, acc.train_s + time.perf_counter() - t1
@@ -335,6 +393,11 @@ class Trainer(guarded.GuardSide):
         assert acc is not None
         self.accumulated = None
         acc.counts, acc.sums = self.ranks.sum_dicts(acc.counts), self.ranks.sum_dicts(acc.sums)  # every rank's
+        if self.ranks.world > 1:
+            gaps: dict[int, dict[str, Any]] = {}
+            for part in self.ranks.gather(acc.memory_gaps):
+                add_gaps(gaps, part)
+            acc.memory_gaps = gaps
         if not acc.tokens:  # nothing to step on: `run_once` acknowledges it without a version
             return {**acc.metrics(), "step": self.step_count}
         t = time.perf_counter()
@@ -345,6 +408,7 @@ class Trainer(guarded.GuardSide):
         later = [self.epoch(acc) for _ in range(self.tc.epochs - 1)]  # PPO's further passes over the batch
         acc.train_s += time.perf_counter() - t
         return {"step": self.step_count, **acc.metrics(), "grad_norm": grad_norm, "lr": lr,
+                "memory_gaps": acc.memory_gaps,
                 "reward_baseline": self.reward_baseline, "epochs": self.tc.epochs,
                 **({f"last_{key}": value for key, value in later[-1].items()} if later else {}),
                 "staleness": sum(self.weights_of - s.step.policy_version for s in acc.samples) / len(acc.samples)}
@@ -529,6 +593,8 @@ class Accumulated:
     counts: dict[str, float] = field(default_factory=dict)  # `prepare`'s counts, summed
     sums: dict[str, float] = field(default_factory=dict)  # the loss's metrics times training tokens, summed
     passes: list[Prepared | None] = field(default_factory=list)  # this rank's passes, with `trainer.epochs` > 1
+    memory_gaps: dict[int, dict[str, Any]] = field(default_factory=dict)  # this rank's consolidation rows'
+    # measure, per memory entry (`batch.memory_gaps`), taken before the step
     prepare_s: float = 0.0
     train_s: float = 0.0
 
@@ -564,11 +630,12 @@ class Accumulated:
                 means[key] = counts[f"{key}_sum"] / counts["stop_tokens"]
         return {"loss": 0.0, "ratio": 0.0, "clip_frac": 0.0, "kl": 0.0, "adv_mean": 0.0, **means,
                 "samples": counts.get("samples", 0.0), "relabelled": counts.get("relabelled", 0.0),
+                "memory_rows": counts.get("memory_rows", 0.0),
                 "usable": counts.get("usable", 0.0), "tokens": self.tokens,
                 "adv_pos_frac": counts.get("adv_pos", 0.0) / reply, "adv_neg_frac": counts.get("adv_neg", 0.0) / reply,
                 "adv_zero_frac": counts.get("adv_zero", 0.0) / reply,
                 "reward_mean": sum(rewarded) / len(rewarded) if rewarded else 0.0,
-                "hint_rate": sum(1 for s in self.samples if s.hint) / max(self.leased, 1),
+                "hint_rate": sum(1 for s in self.samples if s.hint and not s.relabelled) / max(self.leased, 1),
                 "prepare_s": self.prepare_s, "train_s": self.train_s,
                 "tokens_per_s": self.tokens / max(self.prepare_s + self.train_s, 1e-9),
                 "lease_ids": lease_ids, "leases": len(lease_ids), "accumulated_s": clock() - self.opened}

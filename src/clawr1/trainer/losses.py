@@ -108,6 +108,11 @@ def kl_to_reference(logp: torch.Tensor, reference: torch.Tensor, mask: torch.Ten
     """The k3 estimator of KL(pi_theta || pi_ref) on sampled tokens: exp(d) - d - 1, d = ref - logp;
     non-negative, unbiased, and low-variance (Schulman's approximation).
 
+    Its value estimates the reverse KL, but its gradient as a loss (the tokens fixed, not
+    reweighted) is E_theta[(1 - pi_ref/pi_theta) grad log pi_theta] = grad KL(pi_ref || pi_theta):
+    the forward KL's, mass-covering rather than mode-seeking. `kl_estimator = "full"` (the default)
+    has the reverse KL's own gradient.
+
     With the roles swapped, `kl_to_reference(behaviour, logp, mask)` estimates KL(sampler || learner)
     on the tokens the sampler drew: the sampler-vs-learner mismatch.
 

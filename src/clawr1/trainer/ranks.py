@@ -124,6 +124,14 @@ class Ranks:
                 out[key] = out.get(key, 0.0) + value
         return out
 
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's `value` (any picklable object), in rank order."""
+        if self.world == 1:
+            return [value]
+        every: list[Any] = [None] * self.world
+        dist.all_gather_object(every, value)
+        return every
+
     def barrier(self) -> None:
         if self.world > 1:
             dist.barrier()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from clawr1.core.config._base import TENANT_NAME, _Section
 
@@ -40,6 +40,38 @@ class MemoryConfig(_Section):
     """How often the gateway reads the pool's changes to entries (new ones from the judge, which
     may run in another process; forgotten ones; the off switches): a correction reaches the next
     prompt within this after its hint is stored."""
+
+    distill_weight: float = Field(1.0, ge=0, le=10)
+    """Consolidation into the weights, the weight of its rows (0 = off; `trainer.method` `opd` or
+    `combine`): each trained step whose prompt carried memory entries also trains as the same
+    reply tokens after the prompt without them (the student), taught by the prompt as served (the
+    teacher, `trainer.teacher`'s weights): OPD's advantage, teacher minus student logprob of each
+    token. The step's own row keeps its recorded prompt, memory included, for RL."""
+
+    retire_gap: float = Field(0.05, ge=0, le=5)
+    """An entry retires (leaves the prompts, status `retired`) when, over the served version's
+    consolidation rows that carried it, the teacher with the entry finds the replies at most this
+    many nats a token likelier than the version finds them without it: the weights say it without
+    being reminded. Measured each version, from the rows it trains on (no extra sampling)."""
+
+    return_gap: float = Field(0.15, ge=0, le=5)
+    """A retired entry comes back (status `active`) when a later version's gap on the steps it was
+    retired on grows past this: that version forgot. Above `retire_gap`, so that a gap near the
+    edge does not flip an entry every version."""
+
+    retire_min_tokens: int = Field(64, ge=1, le=1_000_000)
+    """Reply tokens an entry's gap must be measured on (in one version) before it can retire."""
+
+    recheck_entries: int = Field(8, ge=0, le=1000)
+    """Retired entries the trainer measures again each version (the longest unchecked first), on
+    the steps each was retired on: two forward passes (no gradient) per step."""
+
+    @model_validator(mode="after")
+    def _gaps(self) -> MemoryConfig:
+        if self.return_gap < self.retire_gap:
+            raise ValueError(f"memory.return_gap ({self.return_gap}) must be at least memory.retire_gap "
+                             f"({self.retire_gap})")
+        return self
 
     @field_validator("off_tenants")
     @classmethod

@@ -173,7 +173,8 @@ class TrainerConfig(_Section):
 
     kl_estimator: Literal["k3", "full"] = "full"
     """How the KL penalty is measured at each reply position: `k3`, Schulman's estimator on the
-    sampled token only (sees only where the samples went); `full`, the exact KL(policy || base)
+    sampled token only (sees only where the samples went; its gradient is the forward KL's,
+    KL(base || policy), though its value estimates the reverse); `full`, the exact KL(policy || base)
     over the whole vocabulary, which also holds the probability the policy moves off the sampled
     tokens near where the base had it (a trust region that holds under mostly negative rewards).
     Either way the full KL is logged (`kl_base`): every step, or as `kl_base_every` says when the

@@ -12,6 +12,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
+from clawr1.core import memory as rules
 from clawr1.gateway.dashboard.charts import Series, line_chart
 
 PANELS = ("overview", "curves", "versions", "queue", "sessions", "memory")
@@ -216,8 +217,9 @@ def memory(s: dict[str, Any]) -> str:
         rows.append([str(e["id"]), escape(e["user_id"]), f'<span class="status {status}">{status}</span>'
                      + (f' <span class="muted">{why}</span>' if why else ""), escape(e["text"]), origin,
                      f'<span class="muted">{escape(e["correction"] or "")}</span>', _t(e["created_at"]),
-                     _memory_actions(e)])
-    return note + _table(["id", "user", "status", "entry", "from", "correction", "added", ""], rows,
+                     escape(rules.learned(e.get("checks") or [])), _memory_actions(e)])
+    return note + _table(["id", "user", "status", "entry", "from", "correction", "added",
+                          "left to learn (nats a token, per version)", ""], rows,
                          "no memory entries yet: a correction of a user's turn (X-User-Id) makes one")
 
 
