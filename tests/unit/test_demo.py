@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict
 
 import openai
@@ -317,3 +318,45 @@ def test_eval_command_measures_the_served_version_and_the_base(engine, tmp_path,
         assert result["sane_rate"] is not None and result["base"]["n"] == 16 and "held-out evaluation" in out
         assert 0 <= result["preferred_sane_substantive"] <= result["preferred_and_sane"] and "substantive" in out
         assert len(steps_of(pool, 16)) == 16 and pool.stats()["main_steps"] == 0  # measured, never trained
+
+
+@needs_minilm
+def test_with_memory_the_users_name_themselves_and_the_evaluation_asks_as_them(engine, tmp_path):
+    """`clawr1 demo --memory`: a talking user's turns are that user's (`X-User-Id`: the name), so a
+    correction becomes an entry; the held-out evaluation asks the served version as the user of
+    the same name, whose prompts then carry it, and the base (the quality reference) without it."""
+    import asyncio
+
+    from clawr1.demo.live import talk
+    from tests.gateway_helpers import wait_for
+
+    [anna] = make_users(1, seed=1)
+    with live_gateway(engine, tmp_path, "memory.refresh_s=0.1") as (base, pool):
+        async def one_turn() -> None:
+            done, board = asyncio.Event(), Scoreboard()
+            async with openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0) as client:
+                task = asyncio.create_task(talk(anna, client, board, 2, 6, 1.0, done, named=True))
+                while not board.replies:
+                    await asyncio.sleep(0.01)
+                done.set()
+                await task
+
+        run(one_turn())
+        talked = steps_of(pool, 1)  # (one turn, or two: its next began before `done` was seen)
+        step = min(talked, key=lambda s: s.turn_index)
+        assert all(s.memory == {"user": f"user:{anna.name}"} for s in talked)
+        pool.add_feedback(session_id=step.session_id, turn_index=0, correction="Please answer in one sentence.")
+        [entry] = pool.memory()
+        assert entry["user_id"] == f"user:{anna.name}"
+        time.sleep(0.5)  # the gateway's next read of the entries (memory.refresh_s)
+
+        async def named_eval():
+            async with openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0) as client:
+                return await evaluate(client, [anna], max_tokens=6, temperature=1.0, questions=QS, named=True)
+
+        result = run(named_eval())
+        steps = {s.step_id: s for s in steps_of(pool, len(talked) + 2 * len(QS))}
+        served = [steps[r.completion_id + "-0"] for r in result.served]
+        reference = [steps[r.completion_id + "-0"] for r in result.base]
+        assert all([e["id"] for e in s.memory["entries"]] == [entry["id"]] for s in served)
+        assert all(s.memory is None for s in reference) and served[0].step_id != reference[0].step_id

@@ -403,6 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", default="rl,opd,combine", help="with --plot: the methods to compare")
     p.add_argument("--users-want-substance", action="store_true", default=None,
                    help="the users also complain about an answer that says nothing the question did not")
+    p.add_argument("--memory", action="store_true", default=None,
+                   help="the users name themselves (X-User-Id), so their corrections reach their next turns "
+                   "through the memory; the held-out evaluation asks as the same users")
     p.set_defaults(fn=cmd_demo)
 
     p = sub.add_parser("eval", help="preference score and reply quality of the served version and the base on "

@@ -122,18 +122,20 @@ def sampled(temperature: float | None) -> dict[str, float]:
 
 async def evaluate(client: Any, users: list[SimulatedUser], *, max_tokens: int, temperature: float | None,
                    questions: Sequence[str] = HELD_OUT, concurrency: int = 8, seed: int = 0,
-                   reference: EvalResult | None = None) -> EvalResult:
+                   reference: EvalResult | None = None, named: bool = False) -> EvalResult:
     """Ask every held-out question once per user of the served version and of the base, and
     measure both (`client`: an `openai.AsyncOpenAI` on the gateway). `reference`: an earlier
-    evaluation on the same pairs whose base replies are reused instead of asked again."""
+    evaluation on the same pairs whose base replies are reused instead of asked again. `named`:
+    the served version is asked as each user (`X-User-Id`: the user's memory applies); the base
+    never is (`X-Memory: off`: its replies are the reference the quality is measured against)."""
     pairs = [(u, q) for q in questions for u in users]
-    served = await _ask(client, pairs, max_tokens, temperature, seed, concurrency, base=False)
+    served = await _ask(client, pairs, max_tokens, temperature, seed, concurrency, base=False, named=named)
     calibration = None
     if reference is not None:
         if [(r.question, r.user) for r in reference.base] != [(q, u.name) for u, q in pairs]:
             raise ValueError("the reference evaluation asked other (question, user) pairs")
         base, calibration = reference.base, reference.calibration
-    elif all(r.version == BASE for r in served):
+    elif all(r.version == BASE for r in served) and not named:
         base = served  # same prompts, seeds and version: these are the base's replies
     else:
         base = await _ask(client, pairs, max_tokens, temperature, seed, concurrency, base=True)
@@ -167,16 +169,16 @@ async def _measure(client: Any, replies: list[EvalReply],
 
 
 async def _ask(client: Any, pairs: list[tuple[SimulatedUser, str]], max_tokens: int, temperature: float | None, seed: int,
-               concurrency: int, *, base: bool) -> list[EvalReply]:
+               concurrency: int, *, base: bool, named: bool = False) -> list[EvalReply]:
     gate = asyncio.Semaphore(concurrency)
-    headers = {"X-Turn-Type": "side"} | ({"X-Policy-Version": "0"} if base else {})
+    headers = {"X-Turn-Type": "side"} | ({"X-Policy-Version": "0", "X-Memory": "off"} if base else {})
 
     async def one(i: int, user: SimulatedUser, question: str) -> EvalReply:
         async with gate:
             response = await client.chat.completions.create(
                 model="clawr1", max_tokens=max_tokens, seed=seed * 10_000 + i, **sampled(temperature),
                 messages=[{"role": "system", "content": user.system}, {"role": "user", "content": question}],
-                extra_headers=headers)
+                extra_headers=headers | ({"X-User-Id": user.name} if named and not base else {}))
         choice = response.choices[0]
         text, finished = choice.message.content or "", choice.finish_reason == "stop"
         verdict = user.assess(question, text, finished)

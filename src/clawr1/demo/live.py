@@ -80,13 +80,15 @@ class QualityTracker:
 
 
 async def talk(user: SimulatedUser, client: Any, board: Scoreboard, turns: int, max_tokens: int,
-               temperature: float | None, done: asyncio.Event) -> None:
-    """One user's conversations, back to back, until `done`. Plain OpenAI requests, no headers."""
+               temperature: float | None, done: asyncio.Event, named: bool = False) -> None:
+    """One user's conversations, back to back, until `done`. Plain OpenAI requests, no headers
+    (`named`: one, `X-User-Id`, the user's name, so the memory knows whose turn it is)."""
+    headers = {"X-User-Id": user.name} if named else {}
     while not done.is_set():
         messages = [{"role": "system", "content": user.system}, {"role": "user", "content": user.first_message()}]
         for _ in range(turns):
             response = await client.chat.completions.create(model="clawr1", messages=messages, max_tokens=max_tokens,
-                                                            **sampled(temperature))
+                                                            extra_headers=headers, **sampled(temperature))
             choice = response.choices[0]
             text = choice.message.content or ""
             kept, said = user.react(text, choice.finish_reason == "stop")

@@ -79,6 +79,12 @@ class DemoSettings(BaseModel):
     """Also evaluate on the held-out prompts every this many versions (a held-out curve)."""
     quality_batch: int = Field(16, ge=1, le=512)
     """Users' replies measured per `/v1/quality` call for the live sane rate."""
+    memory: bool = False
+    """The users name themselves (`X-User-Id`: their names), so each one's corrections become memory
+    entries added to that user's later prompts (`memory`); the held-out evaluation asks as the users
+    of the same names (each has a talking namesake of the same preference), so its replies carry
+    what those users said. Off (the default): plain requests that name nobody, and the numbers are
+    the weights' alone."""
     users_want_substance: bool = False
     """The talking users also complain about an answer that says nothing the question did not
     (`questions.substantive`), as a person would. The held-out evaluation's users never do, so its
@@ -181,7 +187,7 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
             result = await evaluate(client, eval_users, max_tokens=settings.max_tokens,
                                     temperature=settings.temperature,
                                     seed=settings.seed, questions=HELD_OUT[: settings.eval_questions],
-                                    reference=reference)
+                                    reference=reference, named=settings.memory)
             shown = result.as_dict()
             pas = "-" if shown["preferred_and_sane"] is None else f"{shown['preferred_and_sane']:.2f}"
             sane = "-" if shown["sane_rate"] is None else f"{shown['sane_rate']:.2f}"
@@ -199,7 +205,7 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
         users = make_users(settings.users, settings.seed, settings.preferences, turns=settings.turns,
                            wants_substance=settings.users_want_substance)
         tasks = [asyncio.create_task(talk(u, client, board, settings.turns, settings.max_tokens, settings.temperature,
-                                          done)) for u in users]
+                                          done, named=settings.memory)) for u in users]
         if references:  # else nothing to measure the users' replies against: the sane column stays empty
             tracker = QualityTracker(client, board, references, settings.quality_batch)
             tasks.append(asyncio.create_task(tracker.run(done)))

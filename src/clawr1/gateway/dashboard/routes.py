@@ -146,10 +146,9 @@ async def logout(request: Request) -> Response:
     return response
 
 
-@router.post("/dashboard/versions")
-async def version_action(request: Request) -> Response:
-    """The admin's levers on the versions panel: pin a version, or roll back to it (what `clawr1
-    pin N` and `clawr1 rollback N` do; the guard and the trainer apply them within a poll)."""
+async def _admin_form(request: Request) -> dict[str, str] | Response:
+    """An admin's small form post, or the page that refuses it: not signed in, from another site, or
+    too large."""
     kind = access(request)
     if kind in ("login", "disabled"):
         return _refused(kind)
@@ -158,7 +157,16 @@ async def version_action(request: Request) -> Response:
     raw = await request.body()
     if len(raw) > 4096:
         return _html(views.missing_page("that form was too large"), 413)
-    form = {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace")).items()}
+    return {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace")).items()}
+
+
+@router.post("/dashboard/versions")
+async def version_action(request: Request) -> Response:
+    """The admin's levers on the versions panel: pin a version, or roll back to it (what `clawr1
+    pin N` and `clawr1 rollback N` do; the guard and the trainer apply them within a poll)."""
+    form = await _admin_form(request)
+    if isinstance(form, Response):
+        return form
     gw = request.app.state.gateway
     tenant = form.get("tenant") or None
     version = form.get("version", "")
@@ -180,15 +188,9 @@ async def memory_action(request: Request) -> Response:
     """The admin's levers on the Memory panel: forget an entry, or turn the memory off (or on) for a
     user (what `clawr1 memory forget ID` and `clawr1 memory off --user U` do); this gateway applies
     them at once, others at their next read of the pool."""
-    kind = access(request)
-    if kind in ("login", "disabled"):
-        return _refused(kind)
-    if (refused := _from_elsewhere(request)) is not None:
-        return refused
-    raw = await request.body()
-    if len(raw) > 4096:
-        return _html(views.missing_page("that form was too large"), 413)
-    form = {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace")).items()}
+    form = await _admin_form(request)
+    if isinstance(form, Response):
+        return form
     gw = request.app.state.gateway
     action, tenant, user = form.get("action"), form.get("tenant") or DEFAULT_TENANT, form.get("user", "")
     entry = form.get("id", "")
