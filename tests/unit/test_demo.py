@@ -328,7 +328,6 @@ def test_with_memory_the_users_name_themselves_and_the_evaluation_asks_as_them(e
     import asyncio
 
     from clawr1.demo.live import talk
-    from tests.gateway_helpers import wait_for
 
     [anna] = make_users(1, seed=1)
     with live_gateway(engine, tmp_path, "memory.refresh_s=0.1") as (base, pool):

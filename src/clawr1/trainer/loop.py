@@ -493,26 +493,29 @@ class Trainer(guarded.GuardSide):
         entropy = masked_mean(entropies, m.mask)
         if self.tc.entropy_coef > 0:
             loss = loss + self.tc.entropy_coef * entropy_band(entropy, self.tc.entropy_min, self.tc.entropy_max)
-        metrics = {"ratio": float(stats["ratio"]), "clip_frac": float(stats["clip_frac"]),
+        # The metrics as tensors, read back in one transfer: on a GPU each `float()` or `.item()`
+        # waits for the device, and a dozen of them per micro-batch stalled its queue as often.
+        metrics = {"ratio": stats["ratio"], "clip_frac": stats["clip_frac"],
                    # sums, not a token mean: `train_step` counts them over the hinted tokens only
-                   **({"kl_teacher_sum": float((kl_teacher.detach() * m.distill).sum()),
-                       "distill_tokens": float(m.distill.sum())} if m.distill is not None else {}),
-                   **({"kl_stop_sum": float(kl_stop.detach().sum()), "stop_tokens": float(m.stop_weight.sum()),
-                       "p_stop_sum": float((logp_stop.detach().exp() * m.stop_weight).sum()),
-                       "p_stop_teacher_sum": float((m.stop_teacher.exp() * m.stop_weight).sum())}
+                   **({"kl_teacher_sum": (kl_teacher.detach() * m.distill).sum(),
+                       "distill_tokens": m.distill.sum()} if m.distill is not None else {}),
+                   **({"kl_stop_sum": kl_stop.detach().sum(), "stop_tokens": m.stop_weight.sum(),
+                       "p_stop_sum": (logp_stop.detach().exp() * m.stop_weight).sum(),
+                       "p_stop_teacher_sum": (m.stop_teacher.exp() * m.stop_weight).sum()}
                       if kl_stop is not None else {}),
-                   "adv_mean": float(masked_mean(m.advantage, m.mask)), "entropy": entropy.item(),
-                   "kl_sampler": float(kl_to_reference(m.behaviour, logp.detach(), m.sampled))}
+                   "adv_mean": masked_mean(m.advantage, m.mask), "entropy": entropy.detach(),
+                   "kl_sampler": kl_to_reference(m.behaviour, logp.detach(), m.sampled)}
         kl = torch.zeros((), device=logp.device)
         if reference:  # always with LoRA but for `kl_base_every`; full fine-tuning: only for kl_coef / teacher
             kl_base = masked_mean(kls, m.mask)
-            metrics["kl_base"] = kl_base.item()
+            metrics["kl_base"] = kl_base.detach()
             if self.tc.kl_coef > 0:
                 # k3 on the sampled tokens: the base's logprobs come from the base pass above
                 kl = kl_base if self.tc.kl_estimator == "full" else kl_to_reference(logp, base_logp, m.mask)
                 loss = loss + self.tc.kl_coef * kl
-        metrics.update(loss=loss.item(), kl=kl.item())
-        return loss, metrics
+        metrics.update(loss=loss.detach(), kl=kl.detach())
+        values = torch.stack([torch.as_tensor(v, device=logp.device).detach().float().reshape(()) for v in metrics.values()])
+        return loss, dict(zip(metrics, values.tolist()))
 
     def give_back(self, samples: list[TrainSample], suspects: set[str], why: str) -> None:
         """The version in the making failed (`why`: out of memory, a non-finite gradient): its
