@@ -109,7 +109,7 @@ def cmd_demo(args: argparse.Namespace, config: Config) -> int:
 
         results = [asyncio.run(run_demo(config, settings.model_copy(update={"method": m}), console))
                    for m in args.methods.split(",")]
-        plot_runs(results, args.plot)
+        plot_runs(results, args.plot, Path(str(config.engine.model)).name)
         err_console.print(f"plot written to {args.plot}")
         return 0
     asyncio.run(run_demo(config, settings, console))

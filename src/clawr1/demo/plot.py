@@ -25,7 +25,7 @@ def smoothed(rows: list[dict[str, Any]], window: int = 3, key: str = "score",
     return xs, ys
 
 
-def plot_runs(results: list[dict[str, Any]], out: Path) -> Path:
+def plot_runs(results: list[dict[str, Any]], out: Path, model: str = "the embedded model") -> Path:
     import matplotlib
 
     matplotlib.use("Agg")  # no display here
@@ -64,4 +64,4 @@ def plot_runs(results: list[dict[str, Any]], out: Path) -> Path:
     # A run from before the quality numbers draws nothing on the right: it gets no legend there.
     return save_panels(fig, [(pref, "preference score"), (qual, "sane rate (within the base model's range)")],
                        "optimizer steps (policy version served)",
-                       "Simulated users, embedded SmolLM2-135M: preference and quality per version", out, legend_size=6)
+                       f"Simulated users, {model}: preference and quality per version", out, legend_size=6)
