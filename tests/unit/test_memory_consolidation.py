@@ -11,6 +11,7 @@ from clawr1.core import memory
 from clawr1.core.records import Hint, Reward, Step
 from clawr1.core.types import SamplingParams
 from clawr1.datapool import SQLitePool
+from clawr1.trainer import consolidate
 from clawr1.trainer.batch import memory_gap_means
 from clawr1.trainer.loop import Trainer
 from clawr1.trainer.policy import pack
@@ -138,7 +139,7 @@ def test_an_entry_retires_once_learned_and_comes_back_when_forgotten(tiny_model_
 
         # The trainer's own measure of it, on the steps it retired on: the base teacher reminded
         # against the untrained policy unreminded, a real gap, over the return edge here.
-        measured = trainer.recheck_memory()[entry]
+        measured = consolidate.recheck(trainer.policy, pool, trainer.config, trainer.tc, None)[entry]
         assert measured["tokens"] == sum(len(s.token_ids) for s in steps[-memory.RECHECK_STEPS:])
         assert abs(measured["gap"]) > 0.01
         config.memory.return_gap = config.memory.retire_gap = min(abs(measured["gap"]) - 1e-3, 5.0)

@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 from clawr1.core.config import Config, TrainerConfig, hint_at_for
-from clawr1.core.memory import without
 from clawr1.core.messages import text_of
 from clawr1.core.records import Step
 from clawr1.trainer.losses import (
@@ -84,31 +83,6 @@ def relabelled(pool: Any, samples: list[TrainSample], weight: float) -> list[Tra
 
 
 MEMORY_SUFFIX = ":memory"
-
-
-def consolidation(chat: Any, samples: list[TrainSample], weight: float) -> list[TrainSample]:
-    """Context distillation of per-user memory (`memory.distill_weight`): for each sample whose
-    prompt carried memory entries (`Step.memory`), one more row: the same reply tokens after the
-    prompt without them (`core.memory.without`, rendered by `chat`), taught by the prompt as served.
-    OPD then pulls the student, who is not reminded, towards what the teacher says when reminded;
-    the sample itself keeps its recorded prompt (memory included) for RL. A step whose messages do
-    not hold the memory its record names is left out, with a warning (it would teach nonsense)."""
-    rows = []
-    for s in samples if weight else ():
-        record = s.step.memory or {}
-        if not record.get("entries") or not s.step.messages or s.relabelled or not s.step.token_ids:
-            continue
-        try:
-            messages = without(s.step.messages, record)
-        except ValueError as exc:
-            log.warning("step %s: no consolidation row: %s", s.step.step_id, exc)
-            continue
-        rows.append(TrainSample(
-            replace(s.step, step_id=s.step.step_id + MEMORY_SUFFIX, prompt_id=s.step.prompt_id + MEMORY_SUFFIX,
-                    messages=messages, prompt_ids=chat.render(messages, s.step.tools)),
-            None, s.weight * weight, hint=record["added"], relabelled=True, teacher_prompt=list(s.step.prompt_ids),
-            memory=tuple(int(e["id"]) for e in record["entries"])))
-    return rows
 
 
 def load_samples(pool: Any, lease: Any) -> list[TrainSample]:
@@ -332,15 +306,9 @@ def memory_gaps(samples: list[TrainSample], teacher: torch.Tensor, own: torch.Te
     reminded) logprob, the token counts and the step ids. `memory_gap_means` turns them into means."""
     out: dict[int, dict[str, Any]] = {}
     for i, sample in enumerate(samples):
-        if not sample.memory:
-            continue
-        tokens = float(mask[i].sum())
-        gap = float(((teacher[i] - own[i]) * mask[i]).sum())
-        for entry in sample.memory:
-            into = out.setdefault(entry, {"gap_sum": 0.0, "tokens": 0.0, "steps": []})
-            into["gap_sum"] += gap
-            into["tokens"] += tokens
-            into["steps"].append(sample.step.step_id.removesuffix(MEMORY_SUFFIX))
+        row = {"gap_sum": float(((teacher[i] - own[i]) * mask[i]).sum()), "tokens": float(mask[i].sum()),
+               "steps": [sample.step.step_id.removesuffix(MEMORY_SUFFIX)]}
+        add_gaps(out, dict.fromkeys(sample.memory, row))
     return out
 
 

@@ -20,7 +20,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,23 +31,19 @@ from clawr1.core.records import adapter_name
 from clawr1.datapool.base import PoolQueue
 from clawr1.engine import adapters
 from clawr1.engine.models import resolve_model
-from clawr1.trainer import checkpoint, guarded, history, sharded
+from clawr1.trainer import checkpoint, consolidate, guarded, history, sharded
 from clawr1.trainer.batch import (
     MEMORY_SUFFIX,
     Prepared,
     TrainSample,
     add_gaps,
-    consolidation,
     load_samples,
-    memory_gap_means,
-    memory_gaps,
     micro_batches,
     per_sample,
     prepare,
     relabelled,
     resolved,
     rl_advantages,
-    teacher_logprobs,
 )
 from clawr1.trainer.losses import entropy_band, kl_to_reference, masked_mean, ppo_loss, stop_kl
 from clawr1.trainer.policy import Policy, pack
@@ -289,48 +285,12 @@ class Trainer(guarded.GuardSide):
         samples = load_samples(self.pool, lease)
         distill = self.config.memory.distill_weight if self.tc.method != "rl" else 0.0  # (OPD's machinery)
         return per_sample(samples + relabelled(self.pool, samples, self.tc.relabel)
-                          + consolidation(self.policy.chat, samples, distill), self.tc)
+                          + consolidate.rows(self.policy.chat, samples, distill), self.tc)
 
-    # ---- memory: consolidation into the weights, and entries retired once learned ------------------
     def check_memory(self, gaps: dict[int, dict[str, Any]], measured_on: int) -> dict[str, list[int]]:
-        """Rank 0, after the verdict: record the consolidation measure the version's rows gave
-        (`gaps`, taken with the weights of `measured_on`, the version served while they trained)
-        and the measure, with the weights now served, of up to `memory.recheck_entries` retired
-        entries on the steps each retired on; the pool retires and restores entries from them."""
-        mc = self.config.memory
-        out: dict[str, list[int]] = {"retired": [], "restored": []}
-        for version, measured in ((measured_on, memory_gap_means(gaps)), (self.promoted, self.recheck_memory())):
-            if measured:
-                for key, ids in self.pool.check_memory(version, measured, mc.retire_gap, mc.return_gap,
-                                                       mc.retire_min_tokens).items():
-                    out[key] += ids
-        if out["retired"] or out["restored"]:
-            log.info("memory: v%d retired entries %s (the weights learned them), restored %s (forgotten)",
-                     self.promoted, out["retired"], out["restored"])
-        return out
-
-    def recheck_memory(self) -> dict[int, dict[str, Any]]:
-        """The consolidation measure of retired entries (the longest unchecked first) with the
-        weights as they are, on the steps each retired on: teacher (reminded) minus the version
-        (not reminded), no gradient."""
-        due = self.pool.memory_recheck(self.tenant, self.config.memory.recheck_entries) \
-            if self.config.memory.recheck_entries and self.config.memory.distill_weight else []
-        wanted = list(dict.fromkeys(step_id for entry in due for step_id in entry["steps"]))
-        if not wanted:
-            return {}
-        steps = {step.step_id: step for step in self.pool.get_steps(wanted)}
-        rows = [replace(row, memory=(entry["id"],))  # a step may carry several entries: measure the one due
-                for entry in due for step_id in entry["steps"] if step_id in steps
-                for row in consolidation(self.policy.chat, [TrainSample(steps[step_id], None)], 1.0)]
-        if not rows:
-            return {}
-        packed = pack([r.step.prompt_ids for r in rows], [r.step.token_ids for r in rows],
-                      [r.step.temperature for r in rows], self.policy.pad_id,
-                      [(r.step.top_k, r.step.top_p) for r in rows])
-        with torch.no_grad():
-            own = self.policy.logprobs(packed).float().cpu()
-        teacher, _ = teacher_logprobs(self.policy, rows, list(range(len(rows))), packed.targets.shape[1], self.tc)
-        return memory_gap_means(memory_gaps(rows, teacher, own, packed.mask.float()))
+        """Rank 0, after the verdict: the memory entries' consolidation measures (`consolidate.check`)."""
+        return consolidate.check(self.policy, self.pool, self.config, self.tc, self.tenant, gaps, measured_on,
+                                 self.promoted)
 
     def train_step(self, samples: list[TrainSample]) -> dict[str, Any] | None:
         """Forward/backward on `samples`, adding to the gradients kept since the last optimizer step;
