@@ -47,3 +47,31 @@ def test_a_short_demo_finishes_and_reports_preference_and_quality_per_version(ti
                             str(tmp_path / "demo" / "combine-seed0")],
                            capture_output=True, text=True, timeout=120, check=True)
     assert json.loads(stats.stdout.strip().splitlines()[-1])["rewards"] >= 4
+
+
+def test_a_memory_demo_measures_the_memory_and_the_weights_apart(tiny_model_dir, tmp_path):
+    """`--memory`: each held-out point is asked three ways (as served, with the users' memory; the
+    same version without it: the weights alone; the base with it: the memory alone), so one run
+    shows what each half does."""
+    cmd = [sys.executable, "-m", "clawr1.cli.main", "demo", "--model", str(tiny_model_dir), "--data-dir", str(tmp_path),
+           "--steps", "1", "--batch-size", "2", "--users", "2", "--turns", "2", "--max-tokens", "8",
+           "--eval-questions", "4", "--preferences", "short,by-name", "--max-minutes", "5", "--threads", "1",
+           "--memory"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "after, without memory:" in done.stdout and "after, the base with memory:" in done.stdout
+    result = json.loads((tmp_path / "demo" / "combine-seed0" / "demo.json").read_text())
+    before, after = result["curve"][0], result["curve"][-1]
+    assert "weights_alone" not in before  # nothing to take apart before anyone talked
+    for key in ("weights_alone", "memory_alone"):
+        assert after[key]["n"] == 8 and after[key]["sane_rate"] is not None
+        assert len(result["after_apart"][key]["replies"]) == 8
+    assert set(after["memory_alone"]["versions"]) == {"clawr1-v0"}  # the base's weights, asked as the users
+    assert "clawr1-v0" not in after["weights_alone"]["versions"]  # the served version, without the memory
+    # The saved run plots four ways (three without a run that had no memory) without running again.
+    png = tmp_path / "memory.png"
+    plotted = subprocess.run([sys.executable, "-m", "clawr1.cli.main", "demo", "--from-runs",
+                              str(tmp_path / "demo" / "combine-seed0" / "demo.json"), "--plot", str(png)],
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert plotted.returncode == 0, plotted.stderr[-2000:]
+    assert png.stat().st_size > 10_000 and "plot written" in plotted.stderr

@@ -104,6 +104,8 @@ def cmd_demo(args: argparse.Namespace, config: Config) -> int:
     fields = {k: getattr(args, k) for k in DemoSettings.model_fields if getattr(args, k, None) is not None}
     fields["method"] = config.trainer.method
     settings = DemoSettings(**fields)
+    if args.from_runs:
+        return _plot_saved(args.from_runs, args.plot, Path(str(config.engine.model)).name)
     if args.plot:
         from clawr1.demo.plot import plot_runs
 
@@ -113,6 +115,24 @@ def cmd_demo(args: argparse.Namespace, config: Config) -> int:
         err_console.print(f"plot written to {args.plot}")
         return 0
     asyncio.run(run_demo(config, settings, console))
+    return 0
+
+
+def _plot_saved(paths: list[Path], out: Path | None, model: str) -> int:
+    """`clawr1 demo --from-runs`: plot saved runs (`demo.json`) without running anything; a run made
+    with `--memory` gets the memory's four-way figure, beside the first run made without it."""
+    from clawr1.demo.plot import plot_memory, plot_runs
+
+    if out is None:
+        raise SystemExit("--from-runs needs --plot OUT.png")
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    with_memory = [r for r in runs if r["settings"].get("memory")]
+    without = [r for r in runs if not r["settings"].get("memory")]
+    if with_memory:
+        plot_memory(with_memory[0], without[0] if without else None, out, model)
+    else:
+        plot_runs(runs, out, model)
+    err_console.print(f"plot written to {out}")
     return 0
 
 
@@ -401,6 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", type=Path, help="run each of --methods in turn and plot preference and quality "
                    "per version to this PNG")
     p.add_argument("--methods", default="rl,opd,combine", help="with --plot: the methods to compare")
+    p.add_argument("--from-runs", type=Path, nargs="+", metavar="DEMO_JSON",
+                   help="with --plot: plot these saved runs (demo.json) instead of running; a --memory run "
+                   "is drawn four ways beside a run without memory")
     p.add_argument("--users-want-substance", action="store_true", default=None,
                    help="the users also complain about an answer that says nothing the question did not")
     p.add_argument("--memory", action="store_true", default=None,

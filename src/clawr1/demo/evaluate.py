@@ -122,14 +122,17 @@ def sampled(temperature: float | None) -> dict[str, float]:
 
 async def evaluate(client: Any, users: list[SimulatedUser], *, max_tokens: int, temperature: float | None,
                    questions: Sequence[str] = HELD_OUT, concurrency: int = 8, seed: int = 0,
-                   reference: EvalResult | None = None, named: bool = False) -> EvalResult:
+                   reference: EvalResult | None = None, named: bool = False, on_base: bool = False) -> EvalResult:
     """Ask every held-out question once per user of the served version and of the base, and
     measure both (`client`: an `openai.AsyncOpenAI` on the gateway). `reference`: an earlier
     evaluation on the same pairs whose base replies are reused instead of asked again. `named`:
     the served version is asked as each user (`X-User-Id`: the user's memory applies); the base
-    never is (`X-Memory: off`: its replies are the reference the quality is measured against)."""
+    never is (`X-Memory: off`: its replies are the reference the quality is measured against).
+    `on_base`: the "served" replies come from the base weights too (`X-Policy-Version: 0`), with
+    the users' memory when `named`: what the memory alone does."""
     pairs = [(u, q) for q in questions for u in users]
-    served = await _ask(client, pairs, max_tokens, temperature, seed, concurrency, base=False, named=named)
+    served = await _ask(client, pairs, max_tokens, temperature, seed, concurrency, base=False, named=named,
+                        on_base=on_base)
     calibration = None
     if reference is not None:
         if [(r.question, r.user) for r in reference.base] != [(q, u.name) for u, q in pairs]:
@@ -169,9 +172,10 @@ async def _measure(client: Any, replies: list[EvalReply],
 
 
 async def _ask(client: Any, pairs: list[tuple[SimulatedUser, str]], max_tokens: int, temperature: float | None, seed: int,
-               concurrency: int, *, base: bool, named: bool = False) -> list[EvalReply]:
+               concurrency: int, *, base: bool, named: bool = False, on_base: bool = False) -> list[EvalReply]:
     gate = asyncio.Semaphore(concurrency)
-    headers = {"X-Turn-Type": "side"} | ({"X-Policy-Version": "0", "X-Memory": "off"} if base else {})
+    headers = ({"X-Turn-Type": "side"} | ({"X-Policy-Version": "0", "X-Memory": "off"} if base else {})
+               | ({"X-Policy-Version": "0"} if on_base else {}))
 
     async def one(i: int, user: SimulatedUser, question: str) -> EvalReply:
         async with gate:

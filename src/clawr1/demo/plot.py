@@ -65,3 +65,38 @@ def plot_runs(results: list[dict[str, Any]], out: Path, model: str = "the embedd
     return save_panels(fig, [(pref, "preference score"), (qual, "sane rate (within the base model's range)")],
                        "optimizer steps (policy version served)",
                        f"Simulated users, {model}: preference and quality per version", out, legend_size=6)
+
+
+def plot_memory(memory_run: dict[str, Any], weights_run: dict[str, Any] | None, out: Path,
+                model: str = "the embedded model") -> Path:
+    """The memory's comparison (`clawr1 demo --memory`): held-out preferred-and-sane (left) and sane
+    rate (right) per version, four ways: the weights alone of a run without memory (`weights_run`,
+    today's loop), the memory alone (the base's weights, asked as the users), both (the memory run
+    as served), and the memory run's weights without its memory (what consolidation put there)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display here
+    import matplotlib.pyplot as plt
+
+    def series(curve: list[dict[str, Any]], key: str, part: str | None) -> tuple[list[int], list[float]]:
+        # At the version the users were served when it was measured (the memory alone: the base's
+        # weights with the entries made by then); the base's point (before anyone talked, no
+        # memory yet) starts every way.
+        points = [(c["version"], c if part is None or c["version"] == 0 else c.get(part, {})) for c in curve]
+        kept = [(v, p[key]) for v, p in points if p.get(key) is not None]
+        return [v for v, _ in kept], [y for _, y in kept]
+
+    ways = [("memory and weights (as served)", memory_run["curve"], None, "-"),
+            ("memory alone (base weights)", memory_run["curve"], "memory_alone", "--"),
+            ("weights alone, trained with memory (consolidated)", memory_run["curve"], "weights_alone", "-.")]
+    if weights_run is not None:
+        ways.insert(1, ("weights alone, trained without memory", weights_run["curve"], None, ":"))
+    fig, (pref, qual) = plt.subplots(1, 2, figsize=(12, 4.2), dpi=120, sharex=True)
+    for label, curve, part, style in ways:
+        for ax, key in ((pref, "preferred_and_sane"), (qual, "sane_rate")):
+            xs, ys = series(curve, key, part)
+            if xs:
+                ax.plot(xs, ys, linestyle=style, marker="o", markersize=4, label=label)
+    return save_panels(fig, [(pref, "held-out preferred and sane"), (qual, "held-out sane rate")],
+                       "optimizer steps (policy version served)",
+                       f"Corrections through the memory, the weights, or both ({model})", out, legend_size=7)

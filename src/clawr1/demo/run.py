@@ -16,6 +16,7 @@ a policy that wins its score with nonsense must show it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import shutil
@@ -183,11 +184,11 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
         client = AsyncOpenAI(base_url=f"{job.base_url}/v1", api_key="demo", max_retries=0, timeout=600)
         eval_users = make_users(len(settings.preferences), settings.seed + 7919, settings.preferences)
 
-        async def measure(label: str, reference: EvalResult | None) -> EvalResult:
+        async def ask(label: str, reference: EvalResult | None, **how: bool) -> EvalResult:
             result = await evaluate(client, eval_users, max_tokens=settings.max_tokens,
                                     temperature=settings.temperature,
                                     seed=settings.seed, questions=HELD_OUT[: settings.eval_questions],
-                                    reference=reference, named=settings.memory)
+                                    reference=reference, **how)
             shown = result.as_dict()
             pas = "-" if shown["preferred_and_sane"] is None else f"{shown['preferred_and_sane']:.2f}"
             sane = "-" if shown["sane_rate"] is None else f"{shown['sane_rate']:.2f}"
@@ -196,10 +197,25 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
                           + (f"; {result.quality_error}" if result.quality_error else ""))
             return result
 
+        async def measure(label: str, reference: EvalResult | None) -> tuple[EvalResult, dict[str, Any]]:
+            """The held-out numbers as served (with the users' memory under `--memory`) and, under
+            `--memory`, the two halves apart: the same version without the memory (what the weights
+            learned) and the base with the memory (what the memory alone does)."""
+            result = await ask(label, reference, named=settings.memory)
+            point = _point(result)
+            if settings.memory and reference is not None:
+                for key, how, named in (("weights_alone", "without memory", False),
+                                        ("memory_alone", "the base with memory", True)):
+                    apart = await ask(f"{label}, {how}", reference, named=named, on_base=named)
+                    point[key] = _point(apart)
+                    ways[label][key] = apart.as_dict()
+            return result, point
+
+        ways: dict[str, dict[str, Any]] = collections.defaultdict(dict)
         before = None
         if settings.eval_questions:
             with console.status("Evaluating the base model on held-out prompts (before) ..."):
-                before = await measure("before", None)
+                before, before_point = await measure("before", None)
         references = [r.completion_id for r in before.base] if before and before.calibration else []
         board, done = Scoreboard(), asyncio.Event()
         users = make_users(settings.users, settings.seed, settings.preferences, turns=settings.turns,
@@ -219,7 +235,7 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
                     evaluating = asyncio.create_task(measure(f"v{board.latest()}", before))
                     next_eval = (board.latest() // settings.eval_every + 1) * settings.eval_every  # users keep talking
                 if evaluating is not None and evaluating.done():
-                    curve.append(_point(evaluating.result()))
+                    curve.append(evaluating.result()[1])
                     evaluating = None
                 live.update(Group(live_table(board, await trained(pool), settings.method, started, curve)))
                 if not console.is_terminal and board.latest() > shown:  # a log file gets one line per version
@@ -235,13 +251,13 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
             if references:  # every user has stopped: measure what the tracker has not
                 await tracker.flush()
             if evaluating is not None:
-                curve.append(_point(await evaluating))
+                curve.append((await evaluating)[1])
             live.update(Group(live_table(board, await trained(pool), settings.method, started, curve)))
         talk_s = time.monotonic() - talk_started
         after = None
         if before is not None:
             with console.status("Evaluating the served version on held-out prompts (after) ..."):
-                after = await measure("after", before)
+                after, after_point = await measure("after", before)
     finally:
         if client is not None:
             await client.close()  # before the loop ends, or its connections are closed on a dead loop
@@ -256,7 +272,8 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
         "talk_s": talk_s, "replies": board.replies, "reached_version": board.latest(),
         "per_version": board.per_version(),
         "before": before.as_dict() if before else None, "after": after.as_dict() if after else None,
-        "curve": ([_point(before)] if before else []) + curve + ([_point(after)] if after else []),
+        "curve": ([before_point] if before else []) + curve + ([after_point] if after else []),
+        "after_apart": ways.get("after"),  # under --memory: the last version's replies without it, the base's with it
         "trainer": [{k: m.get(k) for k in ("version", "lease", "loss", "reward_mean", "hint_rate", "total_s")}
                     for m in metrics],
     }
