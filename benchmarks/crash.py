@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from benchmarks.gateway import Server, exchange, request_bytes, start
+from benchmarks.http_load import Server, exchange, request_bytes, start
 from clawr1.core.config import Config
 from clawr1.datapool import POOL_FILE
 

@@ -40,7 +40,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.gateway import Server, start
+from benchmarks.http_load import Server, start
 from benchmarks.swap import version_of
 from clawr1.core.config import Config, load_config, to_toml
 from clawr1.engine import adapters

@@ -38,7 +38,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.fake import run_loop
-from benchmarks.gateway import Server, percentile, start
+from benchmarks.http_load import Server, percentile, start
 from clawr1.core.config import Config, TrainerConfig, load_config
 from clawr1.engine import adapters
 from clawr1.engine.models import resolve_model

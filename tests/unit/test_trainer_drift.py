@@ -14,9 +14,10 @@ import torch
 from clawr1.core.config import TrainerConfig
 from clawr1.datapool import SQLitePool
 from clawr1.trainer import checkpoint
+from clawr1.trainer.accumulate import Accumulated, scheduled_lr, version_due
 from clawr1.trainer.batch import TrainSample, prepare
 from clawr1.trainer.history import DRIFT_FIELDS, read_metrics
-from clawr1.trainer.loop import Accumulated, Trainer, scheduled_lr, version_due
+from clawr1.trainer.loop import Trainer
 from clawr1.trainer.losses import ema_update, masked_mean, vocab_entropy, vocab_kl
 from tests.unit.test_trainer import add, config_for, fill, step_of
 
@@ -241,10 +242,10 @@ def test_a_version_steps_when_its_time_is_up_with_nothing_more_ready(tiny_model_
                                                                    monkeypatch):
     import time
 
-    from clawr1.trainer import loop
+    from clawr1.trainer import accumulate
 
     now = [time.time()]  # the trainer's clock stands still until the test moves it (a slow step is not late)
-    monkeypatch.setattr(loop, "clock", lambda: now[0])
+    monkeypatch.setattr(accumulate, "clock", lambda: now[0])
     config = config_for(tiny_model_dir, tmp_path, 'trainer.method="rl"', "trainer.min_samples=3",
                         "trainer.max_wait_s=0.2")
     with SQLitePool(tmp_path, config.pool) as pool:

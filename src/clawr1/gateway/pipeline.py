@@ -40,17 +40,16 @@ from clawr1.core.records import Step
 from clawr1.core.types import ContextLengthError, EngineError, Generation, ParsedCompletion, SamplingParams, TokenEvent
 from clawr1.datapool.schema import dumps as stored_json
 from clawr1.engine.base import GenerationStream
-from clawr1.engine.chat import could_be_bare_call
 from clawr1.gateway import schema
 from clawr1.gateway.body import read_json
 from clawr1.gateway.errors import APIError, public, validate
 from clawr1.gateway.memory import Recall
 from clawr1.gateway.service import Caller, Gateway, Ticket, client_of
 from clawr1.gateway.sessions import Turn
+from clawr1.gateway.stream_text import safe_text
 from clawr1.gateway.streaming import TimedOut, events
 
 log = logging.getLogger(__name__)
-TOOL_OPEN = "<tool_call>"
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
 
@@ -578,41 +577,6 @@ def _wants_base(gw: Gateway, caller: Caller, headers: dict[str, str]) -> bool:
         raise APIError(404, f"policy version {asked.strip()!r} is not served (the base is 0, the served one {served})",
                        param="X-Policy-Version", code="version_not_found")
     return asked.strip() == "0"
-
-
-def safe_text(visible: str, sent: str, watch_tools: bool) -> str:
-    """New content that is safe to stream: with tools on, nothing from a `<tool_call>` on (and no
-    suffix that could start one, nor trailing whitespace), and nothing of a reply that may still be
-    a bare JSON call (`engine/chat.py`), since it may turn into a structured tool call at the end."""
-    end = len(visible)
-    if watch_tools and not sent and could_be_bare_call(visible):
-        return ""
-    if watch_tools:
-        at = visible.find(TOOL_OPEN)
-        if at >= 0:
-            end = at
-        else:
-            for n in range(min(len(TOOL_OPEN) - 1, end), 0, -1):
-                if visible.endswith(TOOL_OPEN[:n]):
-                    end -= n
-                    break
-        # Whitespace before a call is stripped from the reply's content (`ChatFormat.parse`): it is
-        # held until text follows, so that a stream says what the plain reply says.
-        while end > len(sent) and visible[end - 1].isspace():
-            end -= 1
-    return visible[len(sent):end] if end > len(sent) else ""
-
-
-def tail(gen: Generation, parsed: ParsedCompletion, sent: str) -> str:
-    """Content not streamed yet when the generation ended: a held-back tool-call prefix that turned
-    out to be text, text before a stop sequence, or, when the reply became tool calls, text the
-    model wrote after them (the plain reply's content keeps it). Streamed or not, a reply says the
-    same; a plain content that does not continue what was streamed (whitespace before the text,
-    which it strips) adds nothing."""
-    if not parsed.tool_calls:
-        return gen.content[len(sent):] if len(gen.content) > len(sent) else ""
-    content = parsed.content or ""
-    return content[len(sent):] if content.startswith(sent) else ""
 
 
 def _log_failure(future: Any, step_id: str) -> None:

@@ -42,6 +42,7 @@ from clawr1.engine.chat import ChatFormat
 from clawr1.engine.models import resolve_model
 from clawr1.engine.tokenizer import load_tokenizer
 from clawr1.trainer import checkpoint, guarded, history
+from clawr1.trainer.accumulate import scheduled_lr
 from clawr1.trainer.batch import (
     TrainSample,
     hinted_prompt,
@@ -51,7 +52,6 @@ from clawr1.trainer.batch import (
     rl_advantages,
     token_advantages,
 )
-from clawr1.trainer.loop import scheduled_lr
 from clawr1.trainer.losses import opd_advantage
 from clawr1.trainer.ranks import Ranks
 

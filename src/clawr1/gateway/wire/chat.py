@@ -13,9 +13,10 @@ from clawr1.gateway import schema
 from clawr1.gateway.errors import APIError
 from clawr1.gateway.ids import new_id
 from clawr1.gateway.memory import rendered
-from clawr1.gateway.pipeline import Exchange, Job, Wire, handle, safe_text, tail
+from clawr1.gateway.pipeline import Exchange, Job, Wire, handle
 from clawr1.gateway.service import Caller, Gateway
 from clawr1.gateway.sessions import affinity_key
+from clawr1.gateway.stream_text import safe_text, tail
 from clawr1.gateway.streaming import spliced, sse
 
 router = APIRouter()

@@ -29,9 +29,10 @@ from clawr1.core.types import EngineError, Generation, ParsedCompletion, Samplin
 from clawr1.gateway import schema
 from clawr1.gateway.errors import APIError
 from clawr1.gateway.ids import new_id
-from clawr1.gateway.pipeline import Exchange, Job, Wire, handle, tail
+from clawr1.gateway.pipeline import Exchange, Job, Wire, handle
 from clawr1.gateway.schema import settings
 from clawr1.gateway.service import Caller, Gateway
+from clawr1.gateway.stream_text import tail
 from clawr1.gateway.streaming import MARK
 from clawr1.gateway.wire.translated import chat_job, text_content
 
