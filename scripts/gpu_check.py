@@ -136,8 +136,9 @@ def ranks() -> dict[str, Any]:
 
 
 def full() -> dict[str, Any]:
-    """Every weight trained (float32 master weights), one process; the LoRA step is its baseline."""
-    return trainer(dtype="float32", shape=SHAPE, finetune="full")
+    """Every weight trained (float32 master weights; bfloat16 mixed precision on a card that
+    computes in it), one process; the LoRA step is its baseline."""
+    return trainer(dtype=DTYPE, shape=SHAPE, finetune="full")
 
 
 def swap() -> dict[str, Any]:

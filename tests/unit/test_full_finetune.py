@@ -6,6 +6,7 @@ version the moment it is in."""
 from __future__ import annotations
 
 import asyncio
+import math
 
 import httpx
 import pytest
@@ -202,3 +203,32 @@ def test_a_weights_load_waits_for_a_chunked_prefill_in_progress(tiny_model_dir, 
         assert gen.logprobs == pytest.approx(reference.logprobs, abs=1e-4)
         await engine.close()
     run(go())
+
+
+def test_full_fine_tuning_in_bfloat16_is_mixed_precision_over_float32_master_weights(tiny_model_dir, tmp_path,
+                                                                                    generations):
+    """`trainer.dtype = "bfloat16"` with full fine-tuning: every trained weight (and AdamW's state)
+    stays float32, the decoder computes in bfloat16 under autocast, the frozen base kept for the
+    KL is stored in bfloat16, and the update points where float32's does."""
+    updates = {}
+    for dtype in ("float32", "bfloat16"):
+        config = config_for(tiny_model_dir, tmp_path / dtype, 'trainer.finetune="full"', f'trainer.dtype="{dtype}"',
+                            "trainer.lr=1e-3", "trainer.kl_coef=0.1", "trainer.grad_clip=1000")
+        with SQLitePool(tmp_path / dtype, config.pool) as pool:
+            fill(pool, generations)
+            trainer = Trainer(config, pool)
+            policy = trainer.policy
+            assert {p.dtype for p in policy.parameters()} == {torch.float32}  # master weights
+            assert {p.dtype for p in policy._reference.parameters()} == {getattr(torch, dtype)}
+            before = {n: p.detach().clone() for n, p in policy.named_trainable().items()}
+            computed: set[torch.dtype] = set()
+            proj = policy.causal_lm.get_decoder().layers[0].self_attn.q_proj
+            hook = proj.register_forward_hook(lambda _m, _i, out, _seen=computed: _seen.add(out.dtype))
+            metrics = trainer.run_once()
+            hook.remove()
+            trainer.close()
+        assert computed == {getattr(torch, dtype)} and metrics["version"] == 1 and math.isfinite(metrics["loss"])
+        assert all(s["exp_avg"].dtype == torch.float32 for s in trainer.optimizer.state.values())
+        updates[dtype] = torch.cat([(p.detach() - before[n]).flatten() for n, p in sorted(policy.named_trainable().items())])
+    assert updates["bfloat16"].abs().max() > 0
+    assert torch.cosine_similarity(updates["bfloat16"], updates["float32"], dim=0) > 0.9

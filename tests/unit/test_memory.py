@@ -106,6 +106,8 @@ def test_the_conflict_rule_on_the_demos_corrections():
 def test_memory_goes_into_the_system_prompt_and_comes_out_again():
     block = rules.block(["No lists.", "Call me Anna."])
     for messages, at in (([SYSTEM, QUESTION], "system"), ([QUESTION], "new"),
+                         ([{"role": "system", "content": None}, QUESTION], "null"),
+                         ([{"role": "system", "content": ""}, QUESTION], "system"),
                          ([{"role": "developer", "content": [{"type": "text", "text": "Be kind."}]}, QUESTION], "part")):
         served, added, where = rules.add_to(messages, block)
         assert where == at and json.dumps(block)[1:-1] in json.dumps(served) and messages[0] != served[0]
@@ -155,8 +157,12 @@ def test_a_correction_reaches_the_users_next_session_and_nobody_elses(engine, tm
         reply = httpx.post(f"{base}/v1/messages", timeout=60, headers={"x-api-key": AGENT}, json={  # Anthropic's
             "model": "m", "max_tokens": 3, "messages": [QUESTION], "metadata": {"user_id": "alice"}}).json()
         assert "short paragraph" in engine.tokenizer.decode(step_of(pool, reply).prompt_ids)
+        for body in ({"user": "alice"}, {"safety_identifier": "alice"}):  # the Responses API's, old and new
+            reply = httpx.post(f"{base}/v1/responses", timeout=60, headers={"Authorization": f"Bearer {AGENT}"},
+                               json={"model": "m", "input": [QUESTION], "max_output_tokens": 3, **body}).json()
+            assert "short paragraph" in engine.tokenizer.decode(step_of(pool, reply).prompt_ids), body
         metrics = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).text
-        assert "clawr1_memory_active_entries 1.0" in metrics and "clawr1_memory_prompts_total 3.0" in metrics
+        assert "clawr1_memory_active_entries 1.0" in metrics and "clawr1_memory_prompts_total 5.0" in metrics
 
 
 def test_the_judges_hint_from_a_correction_makes_an_entry(engine, tmp_path):

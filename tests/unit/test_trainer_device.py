@@ -201,6 +201,8 @@ def test_auto_dtype_is_float32_on_a_card_without_bfloat16_and_collectives_outlas
     for supported, expected in ((False, torch.float32), (True, torch.bfloat16)):  # a T4 or V100, then an A100
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True, s=supported: s)
         assert policy.placement(config_for(tiny_model_dir, tmp_path, 'trainer.device="auto"').trainer)[1] == expected
+        full = config_for(tiny_model_dir, tmp_path, 'trainer.device="auto"', 'trainer.finetune="full"').trainer
+        assert policy.placement(full)[1] == expected  # full fine-tuning too: mixed precision over float32 weights
     with pytest.raises(ValueError, match="trainer.dtype"):
         config_for(tiny_model_dir, tmp_path, 'trainer.dtype="float16"')  # no loss scaling: not offered
     # Rank 0 waits up to guard.decision_timeout_s for a verdict while the others wait in a collective.

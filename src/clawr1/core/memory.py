@@ -129,14 +129,17 @@ def block(texts: list[str]) -> str:
 def add_to(messages: list[dict[str, Any]], text: str) -> tuple[list[dict[str, Any]], str, str]:
     """`messages` with the memory `text` in the system prompt: appended to a leading system (or
     developer) message, else a new system message first. Returns (messages, the exact text added,
-    where: `system` (appended to its string content), `part` (a text part appended to its parts),
-    `new` (a message of its own)). The caller's list and dicts are not changed."""
+    where: `system` (appended to its string content), `null` (the content of a system message
+    that had none, JSON's null), `part` (a text part appended to its parts), `new` (a message of
+    its own)). The caller's list and dicts are not changed."""
     first = messages[0] if messages else None
     if first is not None and first.get("role") in ("system", "developer"):
         content = first.get("content")
-        if isinstance(content, str) or content is None:
+        if content is None:  # kept apart from "": `without` must give back the null the client sent
+            return [{**first, "content": text}, *messages[1:]], text, "null"
+        if isinstance(content, str):
             added = ("\n\n" if content else "") + text
-            return [{**first, "content": (content or "") + added}, *messages[1:]], added, "system"
+            return [{**first, "content": content + added}, *messages[1:]], added, "system"
         if isinstance(content, list):
             added = "\n\n" + text
             return [{**first, "content": [*content, {"type": "text", "text": added}]}, *messages[1:]], added, "part"
@@ -152,6 +155,8 @@ def without(messages: list[dict[str, Any]], record: dict[str, Any] | None) -> li
     if at == "new":
         return messages[1:]
     content = first.get("content")
+    if at == "null" and content == added:
+        return [{**first, "content": None}, *messages[1:]]
     if at == "system" and isinstance(content, str) and content.endswith(added):
         return [{**first, "content": content[: len(content) - len(added)]}, *messages[1:]]
     if at == "part" and isinstance(content, list) and content and content[-1].get("text") == added:

@@ -9,9 +9,10 @@ lookups: nothing is read from the pool on a request's path.
 
 Who the user is (`identity`), within the caller's tenant, by the first rule that applies:
 1. a per-session key: its session (the key speaks for that session only, and names no one else);
-2. `X-User-Id`, then the request body's own end-user id (OpenAI's `user`, Anthropic's
-   `metadata.user_id`): `user:<id>`. This is what carries across a user's sessions: several users
-   behind one agent key (the demo's, a multi-user app) each name themselves;
+2. `X-User-Id`, then the request body's own end-user id (OpenAI's `user` or its successor
+   `safety_identifier`, in chat and Responses requests; Anthropic's `metadata.user_id`):
+   `user:<id>`. This is what carries across a user's sessions: several users behind one agent
+   key (the demo's, a multi-user app) each name themselves;
 3. `memory.fallback`: the session the request names (`session:<id>`: path ids, `X-Session-Id`),
    the tenant's one user (`tenant`), or nobody.
 A request with no user neither gets memory nor makes any. `X-Memory: off` (or `memory.enabled`,
@@ -99,7 +100,7 @@ class Memory:
                 raise APIError(400, "X-User-Id must be 1-256 characters without control characters",
                                param="X-User-Id", code="invalid_value")
             return "user:" + named.strip()
-        given = getattr(req, "user", None)
+        given = getattr(req, "user", None) or getattr(req, "safety_identifier", None)
         if given is None:
             metadata = getattr(req, "metadata", None)
             given = metadata.get("user_id") if isinstance(metadata, dict) else None

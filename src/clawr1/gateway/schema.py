@@ -133,6 +133,7 @@ class ChatRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, max_length=4096)
+    safety_identifier: str | None = Field(None, max_length=4096)  # `user`'s successor in OpenAI's API
 
     @field_validator("stop")
     @classmethod

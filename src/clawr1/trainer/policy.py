@@ -96,20 +96,23 @@ class Policy:
         self.dtype = dtype
         self.tokenizer = load_tokenizer(model_path)
         self.chat = ChatFormat(self.tokenizer)
-        base = base if base is not None else load_base(model_path, config, self.device, dtype)
+        self.full = config.finetune == "full"
+        # Full fine-tuning trains the weights themselves: float32 master weights whatever `dtype`,
+        # which (bfloat16) the decoder then computes in under autocast (`_mixed_precision`).
+        stored = torch.float32 if self.full else dtype
+        base = base.to(stored) if base is not None else load_base(model_path, config, self.device, stored)
         if getattr(base.config, "final_logit_softcapping", None):
             raise ValueError(f"{model_path}: logit soft-capping (Gemma-2 style) is not supported by the fused head")
         if config.grad_checkpointing:
             base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         self.seed = config.seed
-        self.full = config.finetune == "full"
         self._reference: Any = None
         self.ema = config.teacher == "ema"
         self._ema: dict[str, dict[str, torch.Tensor]] = {}  # adapter -> its trained tensors' moving average
         if self.full:  # every weight trains; the base stays only where something compares with it
             self.model = base
-            if config.kl_coef > 0 or config.teacher == "base":
-                self._reference = copy.deepcopy(base).eval().requires_grad_(False)
+            if config.kl_coef > 0 or config.teacher == "base":  # frozen: no master copy needed
+                self._reference = copy.deepcopy(base).to(dtype).eval().requires_grad_(False)
         else:
             self.lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha,
                                    target_modules=config.lora_targets, lora_dropout=0.0, bias="none",
@@ -328,7 +331,7 @@ def placement(config: TrainerConfig) -> tuple[torch.device, torch.dtype]:
     dtype = config.dtype
     if dtype == "auto":  # bfloat16 where the card computes in it (Ampere on); float32 else
         bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
-        dtype = "bfloat16" if bf16 and config.finetune == "lora" else "float32"
+        dtype = "bfloat16" if bf16 else "float32"
     return device, getattr(torch, dtype)
 
 

@@ -69,10 +69,13 @@ class TrainerConfig(_Section):
     several ranks (all would share GPU N)."""
 
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Dtype of the base weights (`auto`: bfloat16 on a CUDA card that computes in it, Ampere or
-    newer; float32 elsewhere). LoRA weights and their AdamW state stay float32 (master weights);
-    logprobs, KL and entropy are float32. float16 is not offered: it would need loss scaling, or
-    small gradients underflow to zero."""
+    """Dtype the decoder computes in (`auto`: bfloat16 on a CUDA card that computes in it, Ampere
+    or newer; float32 elsewhere). With LoRA, the frozen base weights are stored in it, and the LoRA
+    weights and their AdamW state stay float32 (master weights). With full fine-tuning, bfloat16
+    is mixed precision: every trained weight, its gradient and AdamW's state stay float32, the
+    decoder runs under bfloat16 autocast, and the frozen base kept for `kl_coef` or the base
+    teacher is stored in bfloat16 (half a float32 copy). Logprobs, KL and entropy are float32.
+    float16 is not offered: it would need loss scaling, or small gradients underflow to zero."""
 
     grad_checkpointing: bool = False
     """Recompute each layer's activations in the backward pass instead of keeping them
@@ -301,9 +304,6 @@ class TrainerConfig(_Section):
             raise ValueError("trainer.entropy_min must not exceed trainer.entropy_max")
         if self.quantize != "none" and self.finetune != "lora":
             raise ValueError("trainer.quantize needs trainer.finetune = \"lora\" (quantized weights do not train)")
-        if self.finetune == "full" and self.dtype == "bfloat16":
-            raise ValueError("trainer.finetune = \"full\" trains in float32 (half-precision weights have no "
-                             "master copy for AdamW); use LoRA for bfloat16")
         if self.stop_coef > 0 and (self.method == "rl" or self.opd_estimator == "full"):
             raise ValueError("trainer.stop_coef distils the hinted teacher's stop decision: it needs "
                              "trainer.method = \"opd\" or \"combine\" (hints), and opd_estimator = \"full\" "

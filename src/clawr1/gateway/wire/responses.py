@@ -68,6 +68,8 @@ class ResponsesRequest(BaseModel):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     stream: bool = False
+    user: str | None = Field(None, max_length=4096)  # OpenAI's end-user id (the memory's user)
+    safety_identifier: str | None = Field(None, max_length=4096)  # its successor, read the same way
     previous_response_id: str | None = None
     conversation: Any = None
     background: bool | None = None
