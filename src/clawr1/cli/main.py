@@ -331,7 +331,7 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
                             micro_batches=tuple(int(m) for m in args.micro_batches.split(",")),
                             grad_checkpointing=args.grad_checkpointing, nproc=args.nproc,
                             finetune=args.finetune)
-    else:  # judge, judge-tools, swap, latency, scale, crash, qlora: each module's run(config, console)
+    else:  # judge, judge-tools, swap, latency, scale, crash, precision: each module's run(config, console)
         numbers = bench.run(config, console)
     if args.json:
         print(json.dumps(numbers))
@@ -510,7 +510,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmarks that print side-by-side ratios")
     _common(p)
     p.add_argument("what", choices=["engine", "pool", "gateway", "judge", "judge-tools", "trainer", "swap", "latency", "scale", "models",
-                                      "crash", "qlora"])
+                                      "crash", "precision"])
     p.add_argument("--max-tokens", type=int, default=64, help="engine: tokens per request")
     p.add_argument("--steps", type=int, default=20_000, help="pool: steps to write")
     p.add_argument("--requests", type=int, default=2000, help="gateway: requests per measurement at 64 clients")

@@ -83,7 +83,10 @@ class TrainerConfig(_Section):
 
     quantize: Literal["none", "4bit", "8bit"] = "none"
     """Base weights in 4-bit (NF4) or 8-bit for LoRA (QLoRA through `bitsandbytes`: `pip install
-    -e .[qlora]`, CUDA only); refused with a clear error where that cannot run."""
+    -e .[qlora]`, CUDA only); refused with a clear error where that cannot run. The trainer then
+    computes with other base weights than an engine serving the bfloat16 base: on SmolLM2-135M
+    63% of the sampled tokens' PPO ratios fall outside the clip before any training (`clawr1 bench
+    precision`, docs/scale.md); measure yours first, or serve the same quantized base."""
 
     max_wait_s: float = Field(60.0, ge=0, le=3600)
     """The longest fresh feedback waits for a version. Without `min_samples`: train on a partial

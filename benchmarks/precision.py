@@ -1,4 +1,5 @@
-"""What QLoRA's 4-bit base does to the PPO importance ratio, beside what a float32 trainer's does.
+"""What the trainer's precision does to the PPO importance ratio: a float32 head, a float32 base,
+QLoRA's 4-bit base, each against a bfloat16 engine.
 
 With `trainer.quantize = "4bit"` the trainer computes with NF4 base weights (bitsandbytes,
 double-quantized blocks of 64, bfloat16 compute) while the engine serves the bfloat16 base, so
@@ -10,7 +11,9 @@ mismatch alone, and every token whose ratio falls outside the clip (`trainer.eps
 One run, the configured model (`--model`), on the CPU: the bfloat16 base samples replies to the
 demo's held-out questions at temperature 1 (its logprobs are the engine's), and each trainer base
 rescores them: the bfloat16 base itself (must be exactly 1: the check that the maths is the
-engine's), the float32 base (a float32 LoRA trainer's mismatch, the baseline), and the NF4 base
+engine's), the same with its LM head computed in float32 (what rounding the logits to bfloat16
+costs: the noise both sides' bfloat16 heads put into the ratio), the float32 base (a float32 LoRA
+trainer's mismatch, the baseline), and the NF4 base
 (bitsandbytes' own `quantize_4bit`/`dequantize_4bit` of every decoder linear layer, as
 `BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_use_double_quant=True)` stores them; the LM head
 stays bfloat16, as transformers keeps it). Per base: the mean and 99th percentile of |log ratio|,
@@ -53,13 +56,20 @@ def nf4(model: Any) -> Any:
     return quantized
 
 
-def token_logprobs(model: Any, rows: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
-    """Each reply's token logprobs under `model` at temperature 1 (float32 log-softmax)."""
+def token_logprobs(model: Any, rows: list[tuple[list[int], list[int]]], float_head: bool = False) -> list[torch.Tensor]:
+    """Each reply's token logprobs under `model` at temperature 1 (float32 log-softmax); with
+    `float_head`, the LM head's matmul in float32 on the model's own hidden states (the logits
+    never rounded to the model's dtype)."""
     out = []
+    head = model.get_output_embeddings().weight
     with torch.no_grad():
         for prompt, reply in rows:
             ids = torch.tensor([prompt + reply])
-            logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+            if float_head:
+                hidden = model.get_decoder()(input_ids=ids).last_hidden_state[0, len(prompt) - 1:-1]
+                logits = torch.nn.functional.linear(hidden.float(), head.float())
+            else:
+                logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
             out.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(reply)[:, None])[:, 0])
     return out
 
@@ -97,17 +107,18 @@ def run(config: Config, console: Console | None = None, prompts: int = 16, max_t
     tc = config.trainer
     numbers: dict[str, Any] = {"model": path.name, "prompts": prompts, "max_tokens": max_tokens,
                                "eps_low": tc.eps_low, "eps_high": tc.eps_high, "bases": {}}
-    bases: list[tuple[str, Any]] = [("bfloat16 (engine's own)", lambda: served),
-                                    ("float32 (baseline)",
-                                     lambda: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval())]
+    bases: list[tuple[str, Any, bool]] = [
+        ("bfloat16 (engine's own)", lambda: served, False), ("bfloat16, float32 head", lambda: served, True),
+        ("float32 (baseline)", lambda: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), False)]
     if importlib.util.find_spec("bitsandbytes") is not None:
-        bases.append(("NF4 (QLoRA)", lambda: nf4(served)))
+        bases.append(("NF4 (QLoRA)", lambda: nf4(served), False))
     else:
         numbers["bases"]["NF4 (QLoRA)"] = {
             "skipped": "bitsandbytes is not installed (pip install -e '.[qlora]')"}
-    for name, build in bases:
+    for name, build, float_head in bases:
         with console.status(f"rescoring with the {name} base ..."):
-            numbers["bases"][name] = mismatch(engine, token_logprobs(build(), rows), tc.eps_low, tc.eps_high)
+            numbers["bases"][name] = mismatch(engine, token_logprobs(build(), rows, float_head), tc.eps_low,
+                                              tc.eps_high)
     console.print(table(numbers))
     return numbers
 
