@@ -118,6 +118,21 @@ def test_memory_goes_into_the_system_prompt_and_comes_out_again():
         rules.without([SYSTEM, QUESTION], rules.record("user:a", [(1, "x")], "\n\nnot there", "system"))
 
 
+def test_a_complaint_about_one_reply_is_no_lasting_preference():
+    """"That has nothing to do with my question. I asked about eggs." says one reply failed (its
+    reward says so); as a standing line it would point every later prompt at eggs. Phrasings
+    other than the demo users' on both sides."""
+    one_off = ["That's not what I asked.", "You didn't answer my question at all.", "Huh? Off-topic.",
+               "What do you mean by that?", "This has nothing to do with baking.", "I was asking about trains.",
+               "That makes no sense to me.", "Why are you repeating that?", "Please just answer it."]
+    lasting = ["Please answer in French.", "Call me Sam.", "Use metric units, not imperial.", "No emojis please.",
+               "Don't repeat the question back, just answer.", "Please answer my questions in Spanish.",
+               "Give me the answer first, then the explanation.", "Stop apologizing so much.",
+               "Write it as plain text, no markdown.", "Answer that kind of thing in one line."]
+    assert all("not how to answer" in (rules.refusal(rules.fold(t)) or "") for t in one_off)
+    assert [t for t in lasting if rules.refusal(rules.fold(t))] == []
+
+
 def test_an_entry_is_one_short_line_without_control_sequences():
     assert rules.fold(" Use\nshort\tanswers.  ") == "Use short answers."
     assert rules.refusal("Use short answers.") is None

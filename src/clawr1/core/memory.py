@@ -11,7 +11,9 @@ prompt without them (`without`): student without the memory, teacher with it.
 
 Rules written down here, one place each:
 - an entry is one line of at most `MAX_ENTRY_CHARS` characters (whitespace folded), refused when it
-  holds a chat-template control sequence (`CONTROL`: `<|im_start|>`, `<|im_end|>`, `<|endoftext|>`,
+  points back at the one reply it corrects (`ONE_OFF`: "I asked about ...", "that doesn't answer
+  my question": a failure its reward carries, no lasting preference) or holds a chat-template
+  control sequence (`CONTROL`: `<|im_start|>`, `<|im_end|>`, `<|endoftext|>`,
   `[INST]`, `<s>`, control characters ...). The gateway also refuses, when it loads entries, any
   entry holding the text of one of its tokenizer's added or special tokens;
 - a conflict: two entries of one user on the same `topic` (a small keyword rule, first match in a
@@ -79,6 +81,13 @@ TOPICS: tuple[tuple[str, re.Pattern[str]], ...] = tuple((name, re.compile(patter
     ("length", (r"\b(?:short\w*|brief\w*|concise\w*|long\w*|length|paragraphs?|sentences?|words?|verbose|wordy|"
                r"detailed|details?|elaborate)\b")),
 ))
+# A correction about this one reply ("That has nothing to do with my question. I asked about eggs.",
+# "What do you mean?") says the reply failed, which its reward already says; as a standing line in
+# every later system prompt it would point at a question the user is no longer asking.
+ONE_OFF = re.compile(
+    r"\b(?:my (?:own )?(?:question|words)\b|i asked|i was asking|answer (?:it|that)[.?!]|(?:not|didn't|doesn't|"
+    r"never) (?:actually |really )?answer|not an answer|what do you mean|makes? no sense|nothing to do with|"
+    r"repeat(?:ed|ing) (?:my|that)|off[- ]topic|tell me anything)", re.IGNORECASE)
 _SPACE = re.compile(r"\s+")
 _EDGES = re.compile(r"^[\W_]+|[\W_]+$")
 
@@ -97,6 +106,9 @@ def refusal(text: str) -> str | None:
     found = CONTROL.search(text)
     if found:
         return f"holds a chat-template control sequence {found.group(0)!r}"
+    found = ONE_OFF.search(text)
+    if found:
+        return f"about that one reply ({found.group(0)!r}), not how to answer: its reward says it"
     return None
 
 
