@@ -68,6 +68,16 @@ def test_a_memory_demo_measures_the_memory_and_the_weights_apart(tiny_model_dir,
         assert len(result["after_apart"][key]["replies"]) == 8
     assert set(after["memory_alone"]["versions"]) == {"clawr1-v0"}  # the base's weights, asked as the users
     assert "clawr1-v0" not in after["weights_alone"]["versions"]  # the served version, without the memory
+    # As recorded: asked as the users (their memory record), and without the memory (none at all).
+    import sqlite3
+
+    pool = sqlite3.connect(f"file:{tmp_path / 'demo' / 'combine-seed0' / 'pool.sqlite3'}?mode=ro", uri=True)
+    def records(key):
+        ids = [r["completion_id"] + "-0" for r in result["after_apart"][key]["replies"]]
+        return [json.loads(m) if m else None for (m,) in pool.execute(
+            f"SELECT memory FROM steps WHERE step_id IN ({','.join('?' * len(ids))})", ids)]
+    assert all(r is not None and r["user"].startswith("user:") for r in records("memory_alone"))
+    assert records("weights_alone") == [None] * 8
     # The saved run plots four ways (three without a run that had no memory) without running again.
     png = tmp_path / "memory.png"
     plotted = subprocess.run([sys.executable, "-m", "clawr1.cli.main", "demo", "--from-runs",

@@ -219,7 +219,14 @@ def test_full_fine_tuning_in_bfloat16_is_mixed_precision_over_float32_master_wei
             trainer = Trainer(config, pool)
             policy = trainer.policy
             assert {p.dtype for p in policy.parameters()} == {torch.float32}  # master weights
-            assert {p.dtype for p in policy._reference.parameters()} == {getattr(torch, dtype)}
+            linear = {n for n, m in policy._reference.get_decoder().named_modules() if isinstance(m, torch.nn.Linear)}
+            stored = {p.dtype for n, p in policy._reference.get_decoder().named_parameters() if n.rsplit(".", 1)[0] in linear}
+            assert stored == {getattr(torch, dtype)}  # the kept base's linear weights: half the memory in bfloat16
+            ids = torch.tensor([[1, 5, 9, 14, 2, 7]])
+            with torch.no_grad(), policy._mixed_precision():  # step 0: the kept base computes what the policy does
+                logits = policy.causal_lm(input_ids=ids).logits
+                with policy.adapter_off():
+                    assert torch.equal(policy.causal_lm(input_ids=ids).logits, logits)  # a KL of exactly 0
             before = {n: p.detach().clone() for n, p in policy.named_trainable().items()}
             computed: set[torch.dtype] = set()
             proj = policy.causal_lm.get_decoder().layers[0].self_attn.q_proj
@@ -229,6 +236,10 @@ def test_full_fine_tuning_in_bfloat16_is_mixed_precision_over_float32_master_wei
             trainer.close()
         assert computed == {getattr(torch, dtype)} and metrics["version"] == 1 and math.isfinite(metrics["loss"])
         assert all(s["exp_avg"].dtype == torch.float32 for s in trainer.optimizer.state.values())
+        from safetensors import safe_open
+
+        with safe_open(str(store.latest(tmp_path / dtype / "weights", "policy")[1] / "model.safetensors"), "pt") as f:
+            assert {f.get_tensor(k).dtype for k in f.keys()} == {getattr(torch, dtype)}  # served as it computes
         updates[dtype] = torch.cat([(p.detach() - before[n]).flatten() for n, p in sorted(policy.named_trainable().items())])
     assert updates["bfloat16"].abs().max() > 0
     assert torch.cosine_similarity(updates["bfloat16"], updates["float32"], dim=0) > 0.9

@@ -122,13 +122,18 @@ def test_a_complaint_about_one_reply_is_no_lasting_preference():
     """"That has nothing to do with my question. I asked about eggs." says one reply failed (its
     reward says so); as a standing line it would point every later prompt at eggs. Phrasings
     other than the demo users' on both sides."""
-    one_off = ["That's not what I asked.", "You didn't answer my question at all.", "Huh? Off-topic.",
+    one_off = ["That's not what I asked.", "You didn't answer my question at all.", "Huh? That's off-topic.",
                "What do you mean by that?", "This has nothing to do with baking.", "I was asking about trains.",
-               "That makes no sense to me.", "Why are you repeating that?", "Please just answer it."]
+               "That makes no sense to me.", "Why are you repeating that?", "Please just answer it.",
+               "You haven't told me anything.", "That is off-topic.", "You just repeated my question."]
     lasting = ["Please answer in French.", "Call me Sam.", "Use metric units, not imperial.", "No emojis please.",
                "Don't repeat the question back, just answer.", "Please answer my questions in Spanish.",
                "Give me the answer first, then the explanation.", "Stop apologizing so much.",
-               "Write it as plain text, no markdown.", "Answer that kind of thing in one line."]
+               "Write it as plain text, no markdown.", "Answer that kind of thing in one line.",
+               "Never answer with a list.", "Do not answer in lists.", "I asked you to call me Sam.",
+               "Keep it short, as I asked before.", "Answer my question directly, no preamble.",
+               "Use my words, not jargon.", "Don't go off-topic with history trivia.",
+               "Stop repeating my question back."]
     assert all("not how to answer" in (rules.refusal(rules.fold(t)) or "") for t in one_off)
     assert [t for t in lasting if rules.refusal(rules.fold(t))] == []
 

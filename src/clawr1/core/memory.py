@@ -85,9 +85,11 @@ TOPICS: tuple[tuple[str, re.Pattern[str]], ...] = tuple((name, re.compile(patter
 # "What do you mean?") says the reply failed, which its reward already says; as a standing line in
 # every later system prompt it would point at a question the user is no longer asking.
 ONE_OFF = re.compile(
-    r"\b(?:my (?:own )?(?:question|words)\b|i asked|i was asking|answer (?:it|that)[.?!]|(?:not|didn't|doesn't|"
-    r"never) (?:actually |really )?answer|not an answer|what do you mean|makes? no sense|nothing to do with|"
-    r"repeat(?:ed|ing) (?:my|that)|off[- ]topic|tell me anything)", re.IGNORECASE)
+    r"\b(?:i asked about|i asked:|i was asking about|not what i (?:asked|meant)|(?:has|had|is) nothing to do with|"
+    r"(?:didn't|doesn't|did not|does not|haven't|have not|hasn't) (?:actually |really |even )?"
+    r"(?:answer(?:ed)? (?:my|the|that|it|this)|(?:tell|told) me anything)|not an answer|answer (?:it|that)[.?!]|"
+    r"what do you mean|makes? no sense|(?:just|you) repeated (?:my|that|the)|why are you repeating|"
+    r"(?:just|only) my own words|(?:that's|that is|this is) off[- ]topic)", re.IGNORECASE)
 _SPACE = re.compile(r"\s+")
 _EDGES = re.compile(r"^[\W_]+|[\W_]+$")
 

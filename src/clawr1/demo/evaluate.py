@@ -174,8 +174,9 @@ async def _measure(client: Any, replies: list[EvalReply],
 async def _ask(client: Any, pairs: list[tuple[SimulatedUser, str]], max_tokens: int, temperature: float | None, seed: int,
                concurrency: int, *, base: bool, named: bool = False, on_base: bool = False) -> list[EvalReply]:
     gate = asyncio.Semaphore(concurrency)
-    headers = ({"X-Turn-Type": "side"} | ({"X-Policy-Version": "0", "X-Memory": "off"} if base else {})
-               | ({"X-Policy-Version": "0"} if on_base else {}))
+    # Not asked as a user: no memory at all, whatever `memory.fallback` would make of the request.
+    headers = ({"X-Turn-Type": "side"} | ({} if named and not base else {"X-Memory": "off"})
+               | ({"X-Policy-Version": "0"} if base or on_base else {}))
 
     async def one(i: int, user: SimulatedUser, question: str) -> EvalReply:
         async with gate:

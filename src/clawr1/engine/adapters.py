@@ -251,16 +251,21 @@ WEIGHT_FILES = ("config.json", "model.safetensors")
 
 
 def publish_weights(model: Any, root: Path, name: str, version: int, keep: int = 2,
-                    state_dict: dict[str, Any] | None = None, rollback: str | None = None) -> Path:
+                    state_dict: dict[str, Any] | None = None, rollback: str | None = None, dtype: Any = None) -> Path:
     """Full fine-tuning: write a whole model (`config.json`, `model.safetensors`) as version
     `version` of `name`, synced, then its marker; versions older than the newest `keep` are
     removed (an engine holds loaded weights in memory; a restarting one takes the newest).
     `state_dict`: the whole weights gathered from sharded trainer ranks, written in place of
-    `model`'s own (which hold only this rank's shards)."""
+    `model`'s own (which hold only this rank's shards). `dtype` (a torch dtype): the floating
+    tensors written in it (mixed precision trains float32 master weights; the engine serves the
+    compute dtype, and a float32 file would be twice the size)."""
     target = version_dir(root, name, version)
     if (target / MARKER).exists():
         raise AdapterError(f"weights {name} v{version} already published at {target}")
     target.mkdir(parents=True, exist_ok=True)
+    if dtype is not None:
+        state_dict = {k: v.to(dtype) if v.is_floating_point() else v
+                      for k, v in (state_dict if state_dict is not None else model.state_dict()).items()}
     model.save_pretrained(target, safe_serialization=True, state_dict=state_dict)
     for file in target.iterdir():
         _fsync(file)

@@ -100,12 +100,11 @@ class Memory:
                 raise APIError(400, "X-User-Id must be 1-256 characters without control characters",
                                param="X-User-Id", code="invalid_value")
             return "user:" + named.strip()
-        given = getattr(req, "user", None) or getattr(req, "safety_identifier", None)
-        if given is None:
-            metadata = getattr(req, "metadata", None)
-            given = metadata.get("user_id") if isinstance(metadata, dict) else None
-        if isinstance(given, str) and USER_ID.fullmatch(given.strip()):  # else (an odd one): the fallback
-            return "user:" + given.strip()
+        metadata = getattr(req, "metadata", None)
+        for given in (getattr(req, "user", None), getattr(req, "safety_identifier", None),
+                      metadata.get("user_id") if isinstance(metadata, dict) else None):
+            if isinstance(given, str) and USER_ID.fullmatch(given.strip()):  # else (an odd one): the next
+                return "user:" + given.strip()
         fallback = self.config.fallback
         if fallback == "session":
             session = named_session(headers, path_ids, None)

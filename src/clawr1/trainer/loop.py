@@ -16,6 +16,7 @@ drops a sample that keeps failing as poison (`give_back`), so no sample kills th
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -78,6 +79,8 @@ class Trainer(guarded.GuardSide):
         self.policy = policy or Policy(resolve_model(config.engine.model, config.data_dir), self.tc, self.adapter)
         self.policy.add(self.adapter)
         self.policy.activate(self.adapter)
+        if self.tc.finetune == "full":  # written in the dtype it computes in, not its float32 master copy
+            self.publish = functools.partial(adapters.publish_weights, dtype=self.policy.dtype)
         # Full fine-tuning over several ranks shards the decoder layers (FSDP2); LoRA replicates.
         self.sharded = self.ranks.world > 1 and self.tc.finetune == "full"
         if self.sharded:
@@ -206,7 +209,7 @@ class Trainer(guarded.GuardSide):
                              rollback=self.rollbacks[-1] if self.rollbacks else None)
             else:
                 adapters.publish_weights(self.policy.model, self.adapter_root, self.adapter, self.version,
-                                         state_dict=whole[0])
+                                         state_dict=whole[0], dtype=self.policy.dtype)
             metrics["publish_s"] = time.perf_counter() - t
             self.save(metrics["lease_ids"], whole)  # checkpoint first, then the acks: exactly once across crashes
             for lease_id in metrics["lease_ids"]:

@@ -111,8 +111,8 @@ class Policy:
         self._ema: dict[str, dict[str, torch.Tensor]] = {}  # adapter -> its trained tensors' moving average
         if self.full:  # every weight trains; the base stays only where something compares with it
             self.model = base
-            if config.kl_coef > 0 or config.teacher == "base":  # frozen: no master copy needed
-                self._reference = copy.deepcopy(base).to(dtype).eval().requires_grad_(False)
+            if config.kl_coef > 0 or config.teacher == "base":
+                self._reference = frozen_copy(base, dtype)
         else:
             self.lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha,
                                    target_modules=config.lora_targets, lora_dropout=0.0, bias="none",
@@ -333,6 +333,21 @@ def placement(config: TrainerConfig) -> tuple[torch.device, torch.dtype]:
         bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
         dtype = "bfloat16" if bf16 else "float32"
     return device, getattr(torch, dtype)
+
+
+def frozen_copy(model: Any, dtype: torch.dtype) -> Any:
+    """The base kept beside a fully fine-tuned model (`kl_coef`, the base teacher): frozen, with its
+    decoder's linear weights stored in `dtype`. Under mixed precision the trained model's linear
+    layers multiply in that dtype anyway (autocast rounds the float32 weights down each time), so
+    those weights are the same numbers in half the memory, while embeddings, norms and the head
+    stay float32 like the trained model's: at step 0 both compute exactly the same logits (a KL of
+    0), as a whole bfloat16 copy would not (its residual stream would be bfloat16)."""
+    frozen = copy.deepcopy(model).eval().requires_grad_(False)
+    if dtype != torch.float32:
+        for module in frozen.get_decoder().modules():
+            if isinstance(module, torch.nn.Linear):
+                module.to(dtype)
+    return frozen
 
 
 def load_base(model_path: Path, config: TrainerConfig, device: torch.device, dtype: torch.dtype) -> Any:
