@@ -16,7 +16,6 @@ a policy that wins its score with nonsense must show it.
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
 import os
 import shutil
@@ -197,25 +196,25 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
                           + (f"; {result.quality_error}" if result.quality_error else ""))
             return result
 
-        async def measure(label: str, reference: EvalResult | None) -> tuple[EvalResult, dict[str, Any]]:
-            """The held-out numbers as served (with the users' memory under `--memory`) and, under
-            `--memory`, the two halves apart: the same version without the memory (what the weights
-            learned) and the base with the memory (what the memory alone does)."""
+        async def measure(label: str, reference: EvalResult | None
+                          ) -> tuple[EvalResult, dict[str, Any], dict[str, EvalResult]]:
+            """The held-out numbers as served (with the users' memory under `--memory`), as a curve
+            point, and, under `--memory`, the two halves apart (also in the point): the same version
+            without the memory (what the weights learned) and the base with the memory (what the
+            memory alone does)."""
             result = await ask(label, reference, named=settings.memory)
-            point = _point(result)
+            point, apart = _point(result), {}
             if settings.memory and reference is not None:
                 for key, how, named in (("weights_alone", "without memory", False),
                                         ("memory_alone", "the base with memory", True)):
-                    apart = await ask(f"{label}, {how}", reference, named=named, on_base=named)
-                    point[key] = _point(apart)
-                    ways[label][key] = apart.as_dict()
-            return result, point
+                    apart[key] = await ask(f"{label}, {how}", reference, named=named, on_base=named)
+                    point[key] = _point(apart[key])
+            return result, point, apart
 
-        ways: dict[str, dict[str, Any]] = collections.defaultdict(dict)
-        before = None
+        before, after_apart = None, {}
         if settings.eval_questions:
             with console.status("Evaluating the base model on held-out prompts (before) ..."):
-                before, before_point = await measure("before", None)
+                before, before_point, _ = await measure("before", None)
         references = [r.completion_id for r in before.base] if before and before.calibration else []
         board, done = Scoreboard(), asyncio.Event()
         users = make_users(settings.users, settings.seed, settings.preferences, turns=settings.turns,
@@ -257,7 +256,7 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
         after = None
         if before is not None:
             with console.status("Evaluating the served version on held-out prompts (after) ..."):
-                after, after_point = await measure("after", before)
+                after, after_point, after_apart = await measure("after", before)
     finally:
         if client is not None:
             await client.close()  # before the loop ends, or its connections are closed on a dead loop
@@ -273,7 +272,8 @@ async def run_demo(config: Config, settings: DemoSettings, console: Console) -> 
         "per_version": board.per_version(),
         "before": before.as_dict() if before else None, "after": after.as_dict() if after else None,
         "curve": ([before_point] if before else []) + curve + ([after_point] if after else []),
-        "after_apart": ways.get("after"),  # under --memory: the last version's replies without it, the base's with it
+        # Under --memory: the last version's replies without it, and the base's with it.
+        "after_apart": {key: apart.as_dict() for key, apart in after_apart.items()} or None,
         "trainer": [{k: m.get(k) for k in ("version", "lease", "loss", "reward_mean", "hint_rate", "total_s")}
                     for m in metrics],
     }
