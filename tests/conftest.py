@@ -109,7 +109,7 @@ def tiny_qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def engine(tiny_model_dir: Path):
-    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8))
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8, score_from_prefix=False))
     yield engine
     asyncio.run(engine.close())
 
@@ -117,7 +117,7 @@ def engine(tiny_model_dir: Path):
 @pytest.fixture
 def fresh_engine(tiny_model_dir: Path):
     """An engine of the test's own (adapters loaded into it do not leak into other tests)."""
-    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8))
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8, score_from_prefix=False))
     yield engine
     asyncio.run(engine.close())
 
@@ -129,7 +129,7 @@ def served(tiny_model_dir: Path):
     from clawr1.entrypoints.server import in_thread, make_server
     from tests.sglang_fake import sglang_app
 
-    backend = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8))
+    backend = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8, score_from_prefix=False))
     app = sglang_app(backend)
     server = make_server(app)
     with in_thread(server, server.serve, name="fake-sglang", start_timeout_s=30) as background:

@@ -359,10 +359,12 @@ def test_the_pools_memory_on_each_backend(open_test_pool):
     pool = open_test_pool()
     pool.append_steps([replace(make_step(f"a-{t}", "s1", t), memory={"user": "user:ann"}) for t in range(2)]
                       + [make_step("b-0", "s2", 0, tenant="acme")])
+    used = pool.tenant_usage()["default"]
     pool.add_feedback(session_id="s1", turn_index=0, correction="No lists please.")
     pool.add_feedback(session_id="s2", tenant="acme", correction="No bold please.")  # a step that named no user
     [first] = pool.memory()
     assert (first["user_id"], first["topic"], first["session_id"]) == ("user:ann", "lists", "s1")
+    assert pool.tenant_usage()["default"] == used + 2 * len("No lists please.")  # the entry and its correction
     changes = pool.memory_changes()
     assert [e["id"] for e in changes["entries"]] == [first["id"]] and changes["entries_rev"] >= 1
     pool.add_feedback(session_id="s1", turn_index=1, correction="Lists are fine again.")

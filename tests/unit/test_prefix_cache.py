@@ -105,7 +105,7 @@ async def _turn2(engine: LocalEngine, second: list[int], sampling: SamplingParam
 def test_a_next_turn_prefills_only_what_is_new_with_exact_logprobs(tiny_model_dir, budget_mb):
     """The second turn's prompt extends the first's: with the cache it prefills only the new tokens
     (in 16-token chunks from an unaligned start), and its logprobs equal a one-pass `score`."""
-    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, prefill_chunk=16, prefix_cache_mb=budget_mb))
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, score_from_prefix=False, prefill_chunk=16, prefix_cache_mb=budget_mb))
     first, second = _turns(engine)
     sampling = SamplingParams(max_tokens=6, temperature=0.8, seed=3)
 
@@ -129,7 +129,7 @@ def test_a_next_turn_prefills_only_what_is_new_with_exact_logprobs(tiny_model_di
 def test_a_slot_reused_by_a_later_version_never_serves_the_earlier_versions_kv(tiny_model_dir, tmp_path):
     """v1 computes a prompt's KV in a slot; v2 retires it and v3 is copied into the same slot. A turn
     under v3 that extends the prompt must prefill it anew: its logprobs are v3's, not v1's KV's."""
-    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8, prefix_rewarm=0))
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, score_from_prefix=False, max_batch=8, prefix_rewarm=0))
     versions = {v: make_adapter(tiny_model_dir, tmp_path, v, seed=v) for v in (1, 2, 3)}
     first, second = _turns(engine)
     sampling = SamplingParams(max_tokens=6, temperature=0.8, seed=3)
@@ -155,7 +155,7 @@ def test_new_full_weights_drop_every_cached_prefix_and_reprefill_them_when_idle(
         for param in model.parameters():
             param.mul_(0.9)
     path = store.publish_weights(model, Path(tmp_path) / "weights", "policy", 1)
-    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, prefill_chunk=16, prefix_rewarm=rewarm))
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, score_from_prefix=False, prefill_chunk=16, prefix_rewarm=rewarm))
     first, second = _turns(engine)
     sampling = SamplingParams(max_tokens=6, temperature=0.8, seed=3)
 
@@ -176,7 +176,7 @@ def test_a_failing_lookup_fails_its_request_only(tiny_model_dir):
     EngineFailure and the stream already running goes on."""
     from clawr1.core.types import EngineFailure
 
-    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1))
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, score_from_prefix=False))
     first, second = _turns(engine)
 
     def no_memory(owner, prompt_ids):
@@ -212,7 +212,7 @@ def test_after_swaps_idle_time_reprefills_the_replaced_versions_prompts_under_th
     """v1 serves turn 1; v2 replaces it and v3 replaces v2 at once (copied into v1's slot), before or
     while v2 re-warms turn 1. Once idle, turn 2 under v3 starts from turn 1's KV computed by v3 (its
     logprobs equal v3's one-pass `score`); with `prefix_rewarm = 0` it is cold."""
-    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8, prefill_chunk=16,
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, score_from_prefix=False, max_batch=8, prefill_chunk=16,
                                                            prefix_rewarm=rewarm))
     versions = {v: make_adapter(tiny_model_dir, tmp_path, v, seed=v) for v in (1, 2, 3)}
     first, second = _turns(engine)
@@ -240,7 +240,7 @@ def test_after_swaps_idle_time_reprefills_the_replaced_versions_prompts_under_th
 def test_unloading_a_version_stops_the_reprefills_queued_for_it(tiny_model_dir, tmp_path):
     """A long prompt re-warms 16 tokens a step; unloading its adapter mid-way drops the rest and
     leaves nothing of it in the cache (a retired slot's KV is never looked up)."""
-    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, prefill_chunk=16))
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, score_from_prefix=False, prefill_chunk=16))
     versions = {v: make_adapter(tiny_model_dir, tmp_path, v, seed=v) for v in (1, 2)}
     long = engine.render([{"role": "user", "content": "Tell me about rivers and mountains. " * 60}])
 
@@ -260,7 +260,7 @@ def test_unloading_a_version_stops_the_reprefills_queued_for_it(tiny_model_dir, 
 def test_a_request_is_served_before_the_reprefills_queued_ahead_of_it(tiny_model_dir, tmp_path):
     """Re-warms use idle time only: a request arriving behind eight long ones waits for one chunk,
     not for all of them."""
-    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, prefill_chunk=16))
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, score_from_prefix=False, prefill_chunk=16))
     versions = {v: make_adapter(tiny_model_dir, tmp_path, v, seed=v) for v in (1, 2)}
     prompts = [engine.render([{"role": "user", "content": f"Story {i}: " + "rivers and mountains, " * 70}])
                for i in range(8)]
@@ -289,7 +289,7 @@ def test_a_replaced_versions_half_done_rewarm_restarts_from_nothing_under_the_ne
     and the old one's partial entry (a prefix of that prompt) takes no place of its own."""
     from clawr1.engine.requests import Rewarm as _Rewarm
 
-    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, prefix_rewarm=2))
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, score_from_prefix=False, prefix_rewarm=2))
     ids = list(range(10, 40))
 
     def on_scheduler():
@@ -310,7 +310,7 @@ def test_a_replaced_versions_half_done_rewarm_restarts_from_nothing_under_the_ne
 def test_a_request_starting_from_a_half_done_rewarm_has_exact_logprobs(tiny_model_dir, tmp_path):
     """One 16-token chunk of turn 1 is re-warmed under v2, then the rest is dropped: turn 2 starts
     from those 16 tokens of v2's KV and its logprobs equal v2's one-pass `score`."""
-    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, prefill_chunk=16, prefix_rewarm=0))
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, score_from_prefix=False, prefill_chunk=16, prefix_rewarm=0))
     versions = {v: make_adapter(tiny_model_dir, tmp_path, v, seed=v) for v in (1, 2)}
     first, second = _turns(engine)
     sampling = SamplingParams(max_tokens=6, temperature=0.8, seed=3)
@@ -337,7 +337,7 @@ def test_a_rewarm_whose_prompt_a_request_cached_meanwhile_ends_without_a_chunk(t
     """The agent's next turn arrived mid-way and filed a prompt extending it: nothing is left to do."""
     from clawr1.engine.requests import Rewarm as _Rewarm
 
-    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1))
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, score_from_prefix=False))
     ids = list(range(10, 40))
     forwards = []
     engine._forward = lambda *args, **kwargs: forwards.append(kwargs["input_ids"].shape)
@@ -362,11 +362,11 @@ def test_a_finished_reply_is_cached_with_its_prompt_so_the_next_turn_prefills_on
     """The next turn resends turn 1's prompt and reply: it starts from their KV (all but the reply's
     last token, which was sampled and never fed), computed while decoding in a batch beside another
     request, and its logprobs equal a one-pass `score`."""
-    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8))
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, score_from_prefix=False, max_batch=8))
     first, _ = _turns(engine)
     other = engine.render([{"role": "user", "content": "Count to twenty, slowly. " * 12}])  # longer: turn 1's row is padded
 
-    prober = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, prefix_cache_mb=0))  # caches nothing here
+    prober = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, score_from_prefix=False, prefix_cache_mb=0))  # caches nothing here
 
     async def go():
         probe = await prober.generate(first, SamplingParams(max_tokens=12, temperature=0)).final()
@@ -387,3 +387,28 @@ def test_a_finished_reply_is_cached_with_its_prompt_so_the_next_turn_prefills_on
     assert reply.finish_reason == finish and len(reply.token_ids) >= 2 and len(other) > len(first) + 12
     assert cached == len(first) + len(reply.token_ids) - 1
     assert max(abs(a - b) for a, b in zip(gen.logprobs, scored)) <= 1e-3
+
+
+def test_a_score_starts_from_the_cached_prompt_and_equals_the_one_pass_score(tiny_model_dir):
+    """`engine.score_from_prefix` (the default): scoring a reply to a prompt the engine has cached
+    runs only the uncached rest, and gives the one-pass score and the sampled logprobs."""
+    engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, prefill_chunk=16))
+    first, second = _turns(engine)
+    sampling = SamplingParams(max_tokens=6, temperature=0.8, seed=3)
+
+    async def go():
+        await engine.generate(first, sampling).final()
+        gen = await engine.generate(second, sampling).final()
+        before = engine.stats["score_cached_tokens"]
+        cached = await engine.score(second, gen.token_ids, temperature=0.8)
+        used = engine.stats["score_cached_tokens"] - before
+        engine.config.score_from_prefix = False
+        one_pass = await engine.score(second, gen.token_ids, temperature=0.8)
+        unused = engine.stats["score_cached_tokens"] - before - used
+        await engine.close()
+        return gen, cached, one_pass, used, unused
+
+    gen, cached, one_pass, used, unused = run(go())
+    assert used == len(second) - 1 and unused == 0  # all but the prompt's last token came from the cache
+    assert max(abs(a - b) for a, b in zip(cached, one_pass)) <= 1e-4
+    assert max(abs(a - b) for a, b in zip(gen.logprobs, cached)) <= 1e-3

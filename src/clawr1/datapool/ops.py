@@ -519,12 +519,14 @@ def remember(conn: sqlite3.Connection, hint: Hint) -> int | None:
         return None  # a repeat (say, feedback on each of a completion's choices): the first stands
     now, rev = clock(), _rev(conn, "memory_entries")
     topic = memory.topic(text) if why is None else "refused"
+    stored, said = text[: 4 * memory.MAX_ENTRY_CHARS], correction[: memory.MAX_CORRECTION_CHARS]
     entry = conn.execute(
         "INSERT INTO memory_entries (tenant, user_id, text, topic, status, reason, source, step_id, session_id, "
         "correction, created_at, updated_at, rev) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-        (tenant, user, text[: 4 * memory.MAX_ENTRY_CHARS], topic, "refused" if why else "active", why, hint.source,
-         hint.step_id, session_id, correction[: memory.MAX_CORRECTION_CHARS], now, now,
-         rev)).fetchone()[0]
+        (tenant, user, stored, topic, "refused" if why else "active", why, hint.source, hint.step_id, session_id,
+         said, now, now, rev)).fetchone()[0]
+    # Entries count towards the tenant's storage quota as its steps do: every kept row is on its disk.
+    _with_rows(conn, _ADD_USAGE, "(?, ?)", [(tenant, len(stored) + len(said))])
     if why is not None:
         return entry
     replaced = [i for i, _, t in active if t == topic] + [r[0] for r in retired]

@@ -520,9 +520,15 @@ class LocalEngine(Frontend):
 
     def _score(self, prompt_ids: list[int], completion_ids: list[int], key: str, temperature: float,
                top_k: int, top_p: float) -> list[float]:
-        ids = torch.tensor([prompt_ids + completion_ids], device=self._base.device)
-        out = self._forward([key], input_ids=ids, cache=DynamicCache())
-        logits = out.logits[0, len(prompt_ids) - 1:-1].float() / temperature
+        # The cached prefix is at most all but the prompt's last token, whose logits score the first
+        # completion token; the KV is the same weights' (a slot's entries drop when its weights change).
+        done, cache = self._prefix.lookup(key, prompt_ids) if self.config.score_from_prefix else (0, None)
+        self.stats["score_cached_tokens"] += done
+        whole = prompt_ids + completion_ids
+        ids = torch.tensor([whole[done:]], device=self._base.device)
+        out = self._forward([key], input_ids=ids, cache=cache or DynamicCache(),
+                            position_ids=torch.arange(done, len(whole), device=ids.device)[None])
+        logits = out.logits[0, len(prompt_ids) - 1 - done:-1].float() / temperature
         target = torch.tensor(completion_ids, device=logits.device)
         n = len(completion_ids)
         logp = processed_logprobs(logits, [top_k] * n, [top_p] * n, keep=target)

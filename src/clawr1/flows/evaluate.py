@@ -142,7 +142,8 @@ def evaluate_tasks(base_url: str, api_key: str, tasks: Sequence[Task], *, max_tu
             if base[0].sane is None:
                 base = _measure(served_client, base, base)[0]
             return TaskEval(measured, base, calibration)
-        except openai.BadRequestError as exc:  # e.g. too few non-empty base replies to calibrate on
+        except openai.APIError as exc:  # e.g. too few non-empty base replies to calibrate on, a timeout: the runs
+            # are kept (minutes of model calls), and the error is printed with them
             return TaskEval(served, base, None, f"replies not measured: {exc.message}")
 
 

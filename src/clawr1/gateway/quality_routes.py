@@ -35,7 +35,7 @@ from clawr1.datapool.base import UnknownStepError
 from clawr1.gateway.errors import APIError
 from clawr1.gateway.schema import request_body
 from clawr1.gateway.service import Caller, Gateway
-from clawr1.quality import Calibration, Reply, insane_because, summarize
+from clawr1.quality import Calibration, Quality, Reply, insane_because, summarize
 from clawr1.quality.calibration import MIN_REPLIES
 
 router = APIRouter()
@@ -78,8 +78,13 @@ async def quality(request: Request) -> dict[str, Any]:
     at_once = min(len(steps), meter.concurrency, gw.admission.most)
     ticket = gw.admission.acquire(at_once, caller.tenant)  # 429 when the gateway or the tenant is full
     try:
-        calibration = await _calibration(request, gw, caller, meter, [steps[i] for i in references], at_once)
-        measured = await meter.measure([_reply(gw, steps[i]) for i in body.completion_ids], at_once)
+        calibration, known = await _calibration(request, gw, caller, meter, [steps[i] for i in references], at_once)
+        # A reference asked about again (the base's replies, measured against themselves) was just
+        # measured for its calibration: each of those scores is a forward pass over its whole prompt.
+        todo = [i for i in dict.fromkeys(body.completion_ids) if steps[i].step_id not in known]
+        known |= dict(zip((steps[i].step_id for i in todo),
+                          await meter.measure([_reply(gw, steps[i]) for i in todo], at_once)))
+        measured = [known[steps[i].step_id] for i in body.completion_ids]
     finally:
         ticket.release()
     data = []
@@ -116,31 +121,36 @@ async def _steps(gw: Gateway, caller: Caller, ids: list[str]) -> dict[str, Step]
 
 def _reply(gw: Gateway, step: Step) -> Reply:
     """A recorded step as the meter measures it: the reply's text as the client got it, the exact
-    sampled ids and their behaviour logprobs."""
-    return Reply(step.messages, gw.engine.parse(step.text, step.tools).content, step.token_ids, step.prompt_ids,
+    sampled ids and their behaviour logprobs. A reply that is only a tool call has no content: the
+    call as the model wrote it is what is measured (an agent's last turn may be one)."""
+    content = gw.engine.parse(step.text, step.tools).content
+    return Reply(step.messages, step.text if content is None else content, step.token_ids, step.prompt_ids,
                  step.logprobs, step.temperature, step.top_k, step.top_p)
 
 
 async def _calibration(request: Request, gw: Gateway, caller: Caller, meter: Any, steps: list[Step],
-                       concurrency: int) -> Calibration:
-    """The references' normal range, from the cache when the same set was asked about before."""
-    cache: OrderedDict[tuple[str, tuple[str, ...]], Calibration] = _cache(request)
+                       concurrency: int) -> tuple[Calibration, dict[str, Quality]]:
+    """The references' normal range and each reference's measures (step id -> `Quality`), from the
+    cache when the same set was asked about before."""
+    cache: OrderedDict[tuple[str, tuple[str, ...]], tuple[Calibration, dict[str, Quality]]] = _cache(request)
     key = (caller.tenant, tuple(s.step_id for s in steps))
     if key in cache:
         cache.move_to_end(key)
-        return cache[key]
+        calibration, known = cache[key]
+        return calibration, dict(known)
     replies = [_reply(gw, s) for s in steps]
     try:
-        calibration, _ = await meter.calibrate(replies, concurrency)
+        calibration, measured = await meter.calibrate(replies, concurrency)
     except ValueError as exc:  # fewer non-empty references than a range needs
         raise APIError(400, f"reference_ids: {exc}", param="reference_ids", code="too_few_references") from exc
-    cache[key] = calibration
+    known = {s.step_id: q for s, q in zip(steps, measured)}
+    cache[key] = (calibration, known)
     while len(cache) > CALIBRATIONS:
         cache.popitem(last=False)
-    return calibration
+    return calibration, dict(known)
 
 
-def _cache(request: Request) -> OrderedDict[tuple[str, tuple[str, ...]], Calibration]:
+def _cache(request: Request) -> OrderedDict[tuple[str, tuple[str, ...]], tuple[Calibration, dict[str, Quality]]]:
     """This app's calibration cache (one per gateway; it lives as long as the app)."""
     state = request.app.state
     if getattr(state, "quality_calibrations", None) is None:

@@ -64,6 +64,13 @@ class EngineConfig(_Section):
     turn's ~2.7k-token prompt costs ~45 s on 2 CPU cores without it. SmolLM2-135M's KV in float32
     is 46 KB a token, so 512 MB holds ~11k prompt tokens."""
 
+    score_from_prefix: bool = True
+    """Local engine: `score` (the quality meter, the guard's probes, `/v1/quality`) starts from the
+    prefix cache's KV of the prompt as the replies were sampled from, and runs only the rest. An
+    agent's tool prompt is ~800 shared tokens of Qwen's tool template: without it each reply's score
+    re-runs all of them (seconds a reply on 2 CPU cores). Off, every score is one pass from the first
+    token (the exactness tests' reference)."""
+
     prefix_rewarm: int = Field(8, ge=0, le=4096)
     """Local engine: after new weights replace a version (a swap, or new full weights), this many of
     the prompts it had cached (most recent first) are prefilled again under the new weights, one
