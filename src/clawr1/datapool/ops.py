@@ -475,10 +475,8 @@ def _correction(conn: sqlite3.Connection, step_id: str) -> str | None:
     """What the user said after a step (its next state's user text): the correction its hint came from."""
     row = conn.execute("SELECT n.messages FROM samples s JOIN steps n ON n.step_id = s.next_step_id "
                        "WHERE s.step_id = ?", (step_id,)).fetchone()
-    if row is None:
-        return None
     said = []
-    for message in next_state_of(json.loads(row[0])):
+    for message in next_state_of(json.loads(row[0])) if row else []:
         content = message.get("content")
         if message.get("role") == "user":
             said.append(content if isinstance(content, str) else "".join(
@@ -513,20 +511,19 @@ def remember(conn: sqlite3.Connection, hint: Hint) -> int | None:
                           "AND status = 'active' ORDER BY created_at, id", (tenant, user)).fetchall()
     # A retired entry on the new one's topic is replaced too: the user corrected it again, so the
     # weights did not hold it, and the newer wording wins.
+    topic = memory.topic(text) if why is None else "refused"
     retired = conn.execute("SELECT id FROM memory_entries WHERE tenant = ? AND user_id = ? AND status = 'retired' "
-                           "AND topic = ?", (tenant, user, memory.topic(text))).fetchall() if why is None else []
+                           "AND topic = ?", (tenant, user, topic)).fetchall() if why is None else []
     if why is None and any(memory.normal(t) == memory.normal(text) for _, t, _ in active):
         return None  # a repeat (say, feedback on each of a completion's choices): the first stands
     now, rev = clock(), _rev(conn, "memory_entries")
-    topic = memory.topic(text) if why is None else "refused"
     stored, said = text[: 4 * memory.MAX_ENTRY_CHARS], correction[: memory.MAX_CORRECTION_CHARS]
     entry = conn.execute(
         "INSERT INTO memory_entries (tenant, user_id, text, topic, status, reason, source, step_id, session_id, "
         "correction, created_at, updated_at, rev) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
         (tenant, user, stored, topic, "refused" if why else "active", why, hint.source, hint.step_id, session_id,
          said, now, now, rev)).fetchone()[0]
-    # Entries count towards the tenant's storage quota as its steps do: every kept row is on its disk.
-    _with_rows(conn, _ADD_USAGE, "(?, ?)", [(tenant, len(stored) + len(said))])
+    _with_rows(conn, _ADD_USAGE, "(?, ?)", [(tenant, len(stored) + len(said))])  # on the quota, as steps are
     if why is not None:
         return entry
     replaced = [i for i, _, t in active if t == topic] + [r[0] for r in retired]

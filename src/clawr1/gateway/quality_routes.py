@@ -82,9 +82,9 @@ async def quality(request: Request) -> dict[str, Any]:
         # A reference asked about again (the base's replies, measured against themselves) was just
         # measured for its calibration: each of those scores is a forward pass over its whole prompt.
         todo = [i for i in dict.fromkeys(body.completion_ids) if steps[i].step_id not in known]
-        known |= dict(zip((steps[i].step_id for i in todo),
-                          await meter.measure([_reply(gw, steps[i]) for i in todo], at_once)))
-        measured = [known[steps[i].step_id] for i in body.completion_ids]
+        found = known | dict(zip((steps[i].step_id for i in todo),
+                                 await meter.measure([_reply(gw, steps[i]) for i in todo], at_once)))
+        measured = [found[steps[i].step_id] for i in body.completion_ids]
     finally:
         ticket.release()
     data = []
@@ -136,8 +136,7 @@ async def _calibration(request: Request, gw: Gateway, caller: Caller, meter: Any
     key = (caller.tenant, tuple(s.step_id for s in steps))
     if key in cache:
         cache.move_to_end(key)
-        calibration, known = cache[key]
-        return calibration, dict(known)
+        return cache[key]
     replies = [_reply(gw, s) for s in steps]
     try:
         calibration, measured = await meter.calibrate(replies, concurrency)
@@ -147,7 +146,7 @@ async def _calibration(request: Request, gw: Gateway, caller: Caller, meter: Any
     cache[key] = (calibration, known)
     while len(cache) > CALIBRATIONS:
         cache.popitem(last=False)
-    return calibration, dict(known)
+    return calibration, known
 
 
 def _cache(request: Request) -> OrderedDict[tuple[str, tuple[str, ...]], tuple[Calibration, dict[str, Quality]]]:
