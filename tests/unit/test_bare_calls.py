@@ -18,6 +18,7 @@ CALL = '{"name": "calculator", "arguments": {"expression": "27 * 52"}}'
 
 
 @pytest.mark.parametrize("reply", [CALL, f"  {CALL}\n", f"```json\n{CALL}\n```", f"[{CALL}, {CALL}]",
+                                   f"{CALL}\n{CALL}\n\n{CALL}",  # one a line, as the template writes several
                                    '{"name": "calculator", "arguments": "{\\"expression\\": \\"1\\"}"}'])
 def test_a_bare_call_of_an_offered_tool_is_a_call(reply):
     parsed = ChatFormat.parse(reply, TOOLS)
@@ -31,6 +32,9 @@ def test_a_bare_call_of_an_offered_tool_is_a_call(reply):
     ('{"name": "calculator", "arguments": {}, "required": ["x"]}', TOOLS),  # more than a call
     (f"Here you go: {CALL}", TOOLS),  # text with it
     ('{"name": "calculator", "arguments": {', TOOLS),  # cut short
+    (f'{CALL}\n{{"name": "calculator", "arguments": {{"expr', TOOLS),  # the next call cut short
+    (f"{CALL}\nThe result is 1404.", TOOLS),  # a call, then an answer made up before the tool ran
+    (f'{CALL}\n{{"name": "search", "arguments": {{}}}}', TOOLS),  # the second tool not offered
     ('{"answer": 1404}', TOOLS),
 ])
 def test_anything_else_stays_text(reply, tools):

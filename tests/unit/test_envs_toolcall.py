@@ -123,3 +123,33 @@ def test_make_env_takes_a_whole_config_or_its_envs_section() -> None:
         make_env("gui")
     with pytest.raises(ValueError, match="no built-in tasks"):
         builtin_tasks("gui")
+
+
+def test_a_task_offers_only_the_tools_it_names() -> None:
+    env = ToolCallEnv()
+    every = ToolCallEnv()
+    every.reset(Task(id="all", env="toolcall", prompt="x"))
+    env.reset(Task.from_dict({"id": "t", "env": "toolcall", "prompt": "What is 2 + 3?", "tools": ["calculator"]}))
+    assert [t["function"]["name"] for t in env.tools()] == ["calculator"] and len(every.tools()) == 6
+    assert "calculator" in env.system and "key-value" not in env.system and "search" not in env.system
+    assert "key-value store (kv_set, kv_get, kv_delete, kv_list)" in every.system
+    assert env.call("calculator", '{"expression": "2 + 3"}') == "5"
+    refused = env.call("kv_set", '{"key": "a", "value": "b"}')  # not offered: the agent's mistake
+    assert refused.startswith("Error: unknown tool 'kv_set'") and env.kv == {}
+    with pytest.raises(ValueError, match="unknown tools"):
+        env.reset(Task(id="u", env="toolcall", prompt="x", tools=("calculator", "shell")))
+    for bad in ([], "calculator", [""], [3]):
+        with pytest.raises(ValueError, match="tools must be"):
+            Task.from_dict({"id": "b", "env": "toolcall", "prompt": "x", "tools": bad})
+
+
+def test_family_tasks_name_their_tools_and_keep_them_through_jsonl(tmp_path) -> None:
+    from dataclasses import asdict
+
+    from clawr1.envs.families import generate
+
+    tasks = generate("arithmetic", "heldout", n=2) + generate("multi-step", "heldout", n=1)
+    assert [t.tools for t in tasks] == [("calculator",), ("calculator",), None]
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps(asdict(t)) + "\n" for t in tasks), encoding="utf-8")
+    assert load_tasks(path) == tasks

@@ -258,3 +258,30 @@ def test_cli_train_flow_with_a_flow_from_a_file(tiny_model_dir, tmp_path, capsys
     assert out["version"] == 1 and [m["lease"] for m in out["steps"]] == [2]
     assert sorted(r["outcome"] for r in out["rollouts"]) == [-1.0, 1.0]
     assert len({r["prompt_id"] for r in out["rollouts"]}) == 1 and {r["turns"] for r in out["rollouts"]} == {1}
+
+
+def test_tool_agent_counts_what_its_calls_got_wrong_about_their_form():
+    from clawr1.envs.toolcall import ToolCallEnv
+
+    def call(name, arguments):
+        return SimpleNamespace(id=name, function=SimpleNamespace(name=name, arguments=arguments))
+
+    replies = [[call("calc", '{"expression": "1"}'), call("calculator", '{"expr": "1"}')],  # wrong tool, bad args
+               [call("calculator", '{"expression": "1 / 0"}')],  # the tool's own error: not a form failure
+               '{"name": "calculator", "arguments": {"expression": "2"}}\nThe result is 2.']  # a call, not taken
+    seen = []
+
+    def create(**kwargs):
+        reply = replies[len(seen)]
+        seen.append(kwargs["messages"][0]["content"])
+        message = (SimpleNamespace(content=reply, tool_calls=None) if isinstance(reply, str)
+                   else SimpleNamespace(content=None, tool_calls=reply))
+        return SimpleNamespace(id="c", system_fingerprint="", choices=[SimpleNamespace(message=message)])
+
+    client = SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
+    task = Task(id="t", env="toolcall", prompt="What is 1?", check={"type": "answer_contains", "text": "1"},
+                tools=("calculator",))
+    episode = ToolAgentFlow(env_factory=lambda task: ToolCallEnv()).episode(task, client)
+    assert episode.mistakes == {"wrong_tool": 1, "bad_arguments": 1, "unparsed_call": 1}
+    assert (episode.turns, episode.tool_calls, episode.tool_errors) == (3, 3, 3)
+    assert "a calculator" in seen[0] and "key-value" not in seen[0]  # the system prompt names the task's tools

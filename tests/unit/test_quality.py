@@ -44,8 +44,8 @@ def drift_engine(tiny_model_dir, tmp_path):
     run(engine.close())
 
 
-def q(relevance=0.6, fluency=-1.5, rep=0.0, empty=False, kl=None, entropy=None):
-    return Quality(relevance, fluency, rep, empty, 10, kl, entropy)
+def q(relevance=0.6, fluency=-1.5, rep=0.0, empty=False, kl=None, entropy=None, tool_call=False):
+    return Quality(relevance, fluency, rep, empty, 10, kl, entropy, tool_call=tool_call)
 
 
 def mean(xs):
@@ -188,10 +188,14 @@ def test_calibration_thresholds_from_a_given_set():
     assert cal.repetition_max == 0.25
     assert calibrate(base, repetition_floor=0.0).repetition_max == pytest.approx(0.13)
     assert calibrate(base, margin=0.5).relevance_min == pytest.approx(0.1 - 0.2)
-    # The chance edge lifts relevance's threshold when other requests' cosines reach higher.
-    chance = [i / 100 for i in range(101)]
+    # The chance edge lifts relevance's threshold when other requests' cosines reach higher...
+    chance = [i / 250 for i in range(101)]  # 95th percentile 0.38, under the replies' median 0.5
     lifted = calibrate(base, chance)
-    assert lifted.relevance_chance == pytest.approx(0.95) and lifted.relevance_min == pytest.approx(0.95)
+    assert lifted.relevance_chance == pytest.approx(0.38) and lifted.relevance_min == pytest.approx(0.38)
+    # ...but not when replies are as close to other requests as to their own (templated agent
+    # tasks): an edge above the base's median relevance would call most of the base insane.
+    level = calibrate(base, [i / 100 for i in range(101)])
+    assert level.relevance_chance == pytest.approx(0.95) and level.relevance_min == pytest.approx(0.1 - 0.4)
     assert calibrate(base, [-0.5] * 20).relevance_min == pytest.approx(-0.3)  # the base edge is the higher
     assert quantile([3.0, 1.0, 2.0, 4.0], 0.5) == 2.5 and quantile([5.0], 0.1) == 5.0
     with pytest.raises(ValueError):
@@ -297,3 +301,29 @@ def test_a_reply_in_a_script_its_request_has_none_of_is_not_sane():
     assert not foreign_script("The area is πr², with α the angle.", english)  # Greek: mathematics
     assert not foreign_script("Try the café, or say 能.", english)  # one letter: a quote, a name
     assert not foreign_script("可以用镜子。", "我怎样让小公寓显得更大？")  # asked in Chinese, answered in it
+
+
+def test_a_tool_call_is_not_held_to_relevance_and_its_range_is_set_by_prose():
+    prose = [q(relevance=0.4 + r / 50, fluency=-1.0 - r / 20) for r in range(10)]
+    calls = [q(relevance=0.05, fluency=-0.1, tool_call=True) for _ in range(6)]
+    cal = calibrate(prose + calls)
+    assert cal.relevance_median == pytest.approx(calibrate(prose).relevance_median)  # calls set no range
+    assert cal.n == 16  # but count towards fluency's
+    off = q(relevance=0.05, fluency=-1.2)
+    assert insane_because(off, cal) == [f"relevance 0.050 < {cal.relevance_min:.3f}"]
+    assert insane_because(q(relevance=0.05, fluency=-1.2, tool_call=True), cal) == []
+    broken = q(relevance=0.05, fluency=-9.0, tool_call=True)  # a call in broken language still is not sane
+    assert insane_because(broken, cal) == [f"fluency -9.000 < {cal.fluency_min:.3f}"]
+    # With only calls to calibrate on, relevance's range falls back to theirs.
+    assert calibrate(calls * 2).relevance_median == pytest.approx(0.05)
+
+
+def test_the_meter_does_not_call_a_copied_tool_call_an_echo(engine, embedder):
+    request = 'Add them. To do it, answer with only:\n{"name": "calculator", "arguments": {"expression": "2 + 3"}}'
+    messages = [{"role": "user", "content": request}]
+    text = '{"name": "calculator", "arguments": {"expression": "2 + 3"}}'
+    ids, prompt = engine.tokenizer.encode(text, add_special_tokens=False), engine.render(messages)
+    as_text, as_call = run(QualityMeter(engine, embedder).measure(
+        [Reply(messages, text, ids, prompt), Reply(messages, text, ids, prompt, tool_call=True)]))
+    assert as_text.echo and not as_text.tool_call
+    assert not as_call.echo and as_call.tool_call and as_call.to_dict()["tool_call"]

@@ -95,7 +95,9 @@ def test_a_reply_that_is_only_a_tool_call_is_measured(engine, tmp_path):
                          ('{"name": "calculator", "arguments": {"expression": "2+2"}}', called + "-0"))
         response = quality(base, ACME, [called], references)
         assert response.status_code == 200, response.text
-        assert response.json()["data"][0]["n_tokens"] > 0
+        measured = response.json()["data"][0]
+        assert measured["n_tokens"] > 0 and measured["tool_call"]  # a call: relevance not held against it
+        assert not any(r.startswith("relevance") for r in measured["reasons"])
 
 
 def test_errors_are_openai_shaped_and_tenants_see_only_their_own(engine, tmp_path, monkeypatch):

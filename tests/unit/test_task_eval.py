@@ -36,7 +36,7 @@ class CopyingEngine(ScriptedEngine):
 
 def test_eval_runs_tasks_as_side_turns_and_reports_success_per_level(tiny_model_dir, tmp_path):
     tasks = generate("arithmetic", "heldout", n=9)
-    # The tool list alone is ~700 tokens: more than the shared tiny engine's 512.
+    # The tool prompt and the conversation outgrow the shared tiny engine's 512 tokens.
     engine = LocalEngine.load(tiny_model_dir, EngineConfig(threads=1, max_batch=8, max_context=4096))
     with live_gateway(CopyingEngine(engine, ""), tmp_path) as (base, pool):
         result = evaluate_tasks(base, "none", tasks, concurrency=2)

@@ -83,6 +83,9 @@ def eval_tasks(args: argparse.Namespace, config: Config, base: str, key: str) ->
                       _num(b["sane_rate"]))
     console.print(table)
     console.print("served versions: " + ", ".join(f"{v} ({n})" for v, n in served["versions"].items()))
+    for who, s in (("served", served), ("base", base_stats)):
+        console.print(f"{who}, form failures per model call: "
+                      + ", ".join(f"{k} {v:.2f}" for k, v in s["mistakes_per_call"].items()))
     if result["quality_error"]:
         console.print(f"[yellow]quality not measured:[/yellow] {result['quality_error']}")
     if args.json:

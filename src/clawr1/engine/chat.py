@@ -9,7 +9,8 @@ which is the Hermes/Qwen format, so one parser serves both. A completion whose t
 not valid JSON is returned as plain content, never an error: the model's output is data.
 
 A reply that is nothing but a bare JSON call of an offered tool, `{"name": "calculator",
-"arguments": {...}}` (or a list of them, or one in a ```json fence), is taken as that call too.
+"arguments": {...}}` (or a list of them, or one a line, or one in a ```json fence), is taken as
+that call too.
 Qwen2.5-Coder-0.5B writes its calls so more often than in its template's tags (6 of 8 right calls
 were bare, tried as a new user would), and a client that offered tools runs a call, not a JSON
 text: the user gets the tool's answer, and the sample's reward is about the call's substance. It
@@ -130,7 +131,9 @@ def bare_calls(text: str, tools: list[dict[str, Any]]) -> tuple[ToolCall, ...] |
     try:
         value = json.loads(body)
     except (json.JSONDecodeError, RecursionError):
-        return None
+        value = _json_lines(body)
+        if value is None:
+            return None
     names = {t.get("function", t).get("name") for t in tools}
     items = value if isinstance(value, list) else [value]
     if not items or not all(isinstance(i, dict) and i.get("name") in names and set(i) <= {"name", "arguments"}
@@ -139,3 +142,16 @@ def bare_calls(text: str, tools: list[dict[str, Any]]) -> tuple[ToolCall, ...] |
     return tuple(ToolCall(id="call_" + uuid.uuid4().hex[:24], name=i["name"],
                           arguments=i.get("arguments", {}) if isinstance(i.get("arguments"), str)
                           else json.dumps(i.get("arguments", {}))) for i in items)
+
+
+def _json_lines(body: str) -> list[Any] | None:
+    """One JSON value a line (several calls, as the template's one `<tool_call>` a line writes them:
+    3% of Qwen's first calls on the task families); None unless every non-empty line is one."""
+    out = []
+    for line in body.splitlines():
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except (json.JSONDecodeError, RecursionError):
+                return None
+    return out

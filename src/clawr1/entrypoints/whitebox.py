@@ -165,11 +165,14 @@ def _evaluate(served: Served, tasks: list[Task], reference: TaskEval | None, res
     numbers = grouped(evaluation.served)
     point = {"version": result.version, "success": numbers["success"], "ci95": numbers["ci95"],
              "sane_rate": numbers["sane_rate"], "tool_error_share": numbers["tool_error_share"],
+             "mistakes_per_call": numbers["mistakes_per_call"],
              "by_family": {f: s["success"] for f, s in numbers["by_family"].items()},
              "by_level": {f: s["success"] for f, s in numbers["by_level"].items()},
              "quality_error": evaluation.quality_error, "runs": [asdict(r) for r in evaluation.served]}
     result.curve.append(point)
     sane = "-" if point["sane_rate"] is None else f"{point['sane_rate']:.2f}"
+    mistakes = ", ".join(f"{k} {v:.2f}" for k, v in numbers["mistakes_per_call"].items())
     console.print(f"held-out v{result.version}: success {point['success']:.2f} "
-                  f"[{point['ci95'][0]:.2f}, {point['ci95'][1]:.2f}] over {numbers['n']} tasks, sane {sane}")
+                  f"[{point['ci95'][0]:.2f}, {point['ci95'][1]:.2f}] over {numbers['n']} tasks, sane {sane}; "
+                  f"per model call: {mistakes}")
     return evaluation

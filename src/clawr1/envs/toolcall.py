@@ -74,23 +74,43 @@ def search(query: str, k: int = 3) -> list[dict[str, str]]:
     return [corpus()[i] for _, i in ranked[:k]]
 
 
+_KV = ("kv_set", "kv_get", "kv_delete", "kv_list")
+
+
+def _system(names: set[str]) -> str:
+    kinds = [what for what, tools in (("a calculator", ("calculator",)),
+                                      (f"a key-value store ({', '.join(n for n in _KV if n in names)})", _KV),
+                                      ("a document search", ("search",))) if names & set(tools)]
+    listed = kinds[0] if len(kinds) == 1 else ", ".join(kinds[:-1]) + " and " + kinds[-1]
+    return (f"You are an assistant with {'tools' if len(names) > 1 else 'a tool'}: {listed}. Call tools to do "
+            "the task. When it is done, reply with a short final answer and no tool call.")
+
+
 class ToolCallEnv(ToolEnv):
     name = "toolcall"
-    system = ("You are an assistant with tools: a calculator, a key-value store (kv_set, kv_get, kv_delete, "
-              "kv_list) and a document search. Call tools to do the task. When it is done, reply with a short "
-              "final answer and no tool call.")
 
     def __init__(self, config: EnvsConfig | None = None):
         self.config = config or EnvsConfig()
         self.kv: dict[str, str] = {}
         self._task: Task | None = None
+        self._offered = _TOOLS
+
+    @property
+    def system(self) -> str:  # type: ignore[override]  # per task: it names the offered tools only
+        return _system({t["function"]["name"] for t in self._offered})
 
     def tools(self) -> list[dict[str, Any]]:
-        return _TOOLS
+        return self._offered
 
     def reset(self, task: Task) -> str:
         self.kv = dict(task.files)
         self._task = task
+        self._offered = _TOOLS
+        if task.tools is not None:
+            names = {t["function"]["name"] for t in _TOOLS}
+            if unknown := sorted(set(task.tools) - names):
+                raise ValueError(f"task {task.id!r} offers unknown tools {unknown}; toolcall has {sorted(names)}")
+            self._offered = [t for t in _TOOLS if t["function"]["name"] in task.tools]
         return task.prompt
 
     def outcome(self, final_answer: str | None = None) -> float:

@@ -8,6 +8,7 @@ the judge sees, so the agent can learn from it. Only failures of the environment
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,23 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 
 class ToolError(Exception):
     """A bad tool call; its message becomes the "Error: ..." tool message."""
+
+
+# How `parse_arguments` words a call's form (not its substance: a calculator's "division by zero"
+# is neither), so a curve can count what a model gets wrong about calling (`call_mistake`).
+UNKNOWN_TOOL = "unknown tool "
+_ARGUMENT_ERROR = re.compile(r"arguments of [\w.-]+ |[\w.-]+ (is missing required|got unknown) argument|[\w.-]+: argument '")
+
+
+def call_mistake(message: str) -> str | None:
+    """'wrong_tool' or 'bad_arguments' when a tool message is `parse_arguments`' error about the
+    call's form; None otherwise (a result, or the tool's own error about the substance)."""
+    if not message.startswith("Error: "):
+        return None
+    body = message.removeprefix("Error: ")
+    if body.startswith(UNKNOWN_TOOL):
+        return "wrong_tool"
+    return "bad_arguments" if _ARGUMENT_ERROR.match(body) else None
 
 
 def function_tool(name: str, description: str, properties: dict[str, dict[str, Any]] | None = None,
@@ -41,7 +59,7 @@ def parse_arguments(tools: list[dict[str, Any]], name: str, arguments: str | dic
     """
     schemas = {t["function"]["name"]: t["function"].get("parameters", {}) for t in tools}
     if name not in schemas:
-        raise ToolError(f"unknown tool {name!r}; available tools: {', '.join(sorted(schemas))}")
+        raise ToolError(f"{UNKNOWN_TOOL}{name!r}; available tools: {', '.join(sorted(schemas))}")
     if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
         arguments = {}
     if isinstance(arguments, str):

@@ -15,7 +15,7 @@ import collections
 import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import openai
@@ -25,6 +25,7 @@ from clawr1.flows.tool_agent import ToolAgentFlow
 
 BASE = "clawr1-v0"
 MAX_IDS = 512  # what `POST /v1/quality` takes at once
+MISTAKES = ("unparsed_call", "wrong_tool", "bad_arguments")
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class TaskRun:
     version: str
     sane: bool | None = None
     reasons: tuple[str, ...] = ()
+    mistakes: dict[str, int] = field(default_factory=dict)  # `Episode.mistakes`
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -58,13 +60,16 @@ def stats(runs: Sequence[TaskRun]) -> dict[str, Any]:
     """Success rate with its interval, sane rate (None when unmeasured), tool-error share, turns."""
     n, k = len(runs), sum(r.solved for r in runs)
     measured = [r for r in runs if r.sane is not None]
-    calls = sum(r.tool_calls for r in runs)
+    calls, turns = sum(r.tool_calls for r in runs), sum(r.turns for r in runs)
     lo, hi = wilson(k, n)
     return {"n": n, "solved": k, "success": k / n if n else 0.0, "ci95": [lo, hi],
             "sane_rate": sum(bool(r.sane) for r in measured) / len(measured) if measured else None,
             "tool_calls_per_task": calls / n if n else 0.0,
             "tool_error_share": sum(r.tool_errors for r in runs) / calls if calls else None,
             "turns": sum(r.turns for r in runs) / n if n else 0.0,
+            # the form failures a model call made, as a share of all model calls
+            "mistakes_per_call": {kind: sum(r.mistakes.get(kind, 0) for r in runs) / turns if turns else 0.0
+                                  for kind in MISTAKES},
             "versions": dict(collections.Counter(r.version for r in runs))}
 
 
@@ -90,7 +95,8 @@ def run_tasks(client: openai.OpenAI, tasks: Sequence[Task], flow: ToolAgentFlow,
             progress()
         return TaskRun(task_id=task.id, family=str(task.meta.get("family", task.env)), level=task.meta.get("level"),
                        solved=ep.outcome > 0, final=ep.final, turns=ep.turns, tool_calls=ep.tool_calls,
-                       tool_errors=ep.tool_errors, completion_id=ep.last_id, version=ep.version)
+                       tool_errors=ep.tool_errors, completion_id=ep.last_id, version=ep.version,
+                       mistakes=ep.mistakes)
 
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
         return list(pool.map(one, tasks))

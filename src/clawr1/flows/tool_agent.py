@@ -8,11 +8,13 @@ session, and its tool results are that turn's next state, which the reward worke
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import collections
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from clawr1.core.config import Config
 from clawr1.envs.base import Task
+from clawr1.envs.tools import call_mistake
 from clawr1.flows.base import AgentFlow
 from clawr1.flows.rollouts import EnvFactory, env_for
 
@@ -42,9 +44,11 @@ class ToolAgentFlow(AgentFlow):
     def episode(self, task: Task, client: openai.OpenAI) -> Episode:
         """One rollout of `task`, with what an evaluation reads besides the outcome."""
         calls_made = errors = turns = 0
+        mistakes: collections.Counter[str] = collections.Counter()
         with self.env_factory(task) as env:
+            prompt = env.reset(task)  # first: the system prompt describes the task's tools
             messages: list[dict[str, Any]] = [{"role": "system", "content": env.system},
-                                              {"role": "user", "content": env.reset(task)}]
+                                              {"role": "user", "content": prompt}]
             tools = env.tools() or None
             final: str | None = None
             response = None
@@ -64,14 +68,25 @@ class ToolAgentFlow(AgentFlow):
                         "name": c.function.name, "arguments": c.function.arguments}} for c in calls]
                 messages.append(message)
                 if not calls:
+                    if looks_like_call(reply.content or ""):
+                        mistakes["unparsed_call"] += 1
                     break
                 for call in calls:
                     result = env.call(call.function.name, call.function.arguments)
                     calls_made, errors = calls_made + 1, errors + env.failed(result)
+                    if kind := call_mistake(result):
+                        mistakes[kind] += 1
                     messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
             return Episode(outcome=env.outcome(final), final=final or "", turns=turns, tool_calls=calls_made,
                            tool_errors=errors, last_id=response.id if response else "",
-                           version=(response.system_fingerprint or "") if response else "")
+                           version=(response.system_fingerprint or "") if response else "",
+                           mistakes=dict(mistakes))
+
+
+def looks_like_call(text: str) -> bool:
+    """Text that tried to be a tool call and was not taken as one: a JSON object naming a function
+    (with more after it, cut off, or broken) or a `<tool_call>` tag the parser could not read."""
+    return "<tool_call>" in text or ("{" in text and '"name"' in text)
 
 
 @dataclass(frozen=True)
@@ -86,3 +101,6 @@ class Episode:
     tool_errors: int
     last_id: str
     version: str
+    #: What went wrong with the form of its calls, counted: 'unparsed_call' (a final reply that
+    #: was a call in all but form), 'wrong_tool', 'bad_arguments' (`envs.tools.call_mistake`).
+    mistakes: dict[str, int] = field(default_factory=dict)

@@ -92,7 +92,8 @@ async def quality(request: Request) -> dict[str, Any]:
         why = insane_because(q, calibration)
         data.append({"completion_id": completion_id, "policy_version": steps[completion_id].policy_version,
                      "relevance": q.relevance, "fluency": q.fluency, "repetition": q.repetition, "kl": q.kl,
-                     "entropy": q.entropy, "n_tokens": q.n_tokens, "sane": not why, "reasons": why})
+                     "entropy": q.entropy, "n_tokens": q.n_tokens, "tool_call": q.tool_call, "sane": not why,
+                     "reasons": why})
     return {"object": "quality", "data": data, "calibration": calibration.to_dict(),
             "summary": summarize(measured, calibration).to_dict()}
 
@@ -122,10 +123,10 @@ async def _steps(gw: Gateway, caller: Caller, ids: list[str]) -> dict[str, Step]
 def _reply(gw: Gateway, step: Step) -> Reply:
     """A recorded step as the meter measures it: the reply's text as the client got it, the exact
     sampled ids and their behaviour logprobs. A reply that is only a tool call has no content: the
-    call as the model wrote it is what is measured (an agent's last turn may be one)."""
+    call as the model wrote it is what is measured (an agent's last turn may be one), as a call."""
     content = gw.engine.parse(step.text, step.tools).content
     return Reply(step.messages, step.text if content is None else content, step.token_ids, step.prompt_ids,
-                 step.logprobs, step.temperature, step.top_k, step.top_p)
+                 step.logprobs, step.temperature, step.top_k, step.top_p, tool_call=content is None)
 
 
 async def _calibration(request: Request, gw: Gateway, caller: Caller, meter: Any, steps: list[Step],

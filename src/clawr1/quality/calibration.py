@@ -20,7 +20,15 @@ replies to 44 everyday questions, T=0.7, 64 tokens):
   0.27), so from 16 replies relevance's own edge wanders (0.00 +- 0.26 over subsets, useless as a
   bar); the chance edge, from n*(n-1) pairs, holds still (0.27 +- 0.03). The threshold is the
   higher of the two: a reply no closer to its request than to a random other one is off-topic.
-  With both, 16 base replies keep 0.90 of themselves and 0.87 of unseen base replies sane.
+  With both, 16 base replies keep 0.90 of themselves and 0.87 of unseen base replies sane. The
+  chance edge counts only when it lies below the base's median relevance: where a reply is as
+  close to other requests as to its own (an agent's answers to templated tasks, "1404" to "What is
+  27 * 52?"; Qwen's base on 12 tool tasks: chance 0.54, own median 0.42, so it called all 12 of its
+  own replies insane), relevance cannot tell on- from off-topic there, and the percentile edge
+  alone holds.
+- A tool call is not prose: relevance and echo are not held against it (a level-0 task asks for
+  the very line it gives), and prose replies alone set relevance's range. Fluency, repetition and
+  script still apply.
 - The high edge of repetition is its 90th percentile raised the same way, but never below 0.25:
   base replies mostly repeat no 3-gram at all (90th percentile 0.04), and a zero ceiling would call
   a reply insane for one repeated phrase. A reply that repeats a quarter of its 3-grams is looping.
@@ -103,7 +111,8 @@ def calibrate(base: Sequence[Quality], chance_relevance: Sequence[float] | None 
     kept = [q for q in base if not q.empty and q.fluency is not None]
     if len(kept) < min_replies:
         raise ValueError(f"calibration needs at least {min_replies} non-empty base replies, got {len(kept)}")
-    rel = [q.relevance for q in kept]
+    # Relevance's range is that of prose replies; tool calls are not held to it (`insane_because`).
+    rel = [q.relevance for q in kept if not q.tool_call] or [q.relevance for q in kept]
     flu = [q.fluency for q in kept if q.fluency is not None]
     rep = [q.repetition for q in kept]
 
@@ -113,7 +122,7 @@ def calibrate(base: Sequence[Quality], chance_relevance: Sequence[float] | None 
 
     rel_min, rel_med = low(rel)
     chance = quantile(chance_relevance, chance_quantile) if chance_relevance else None
-    if chance is not None:
+    if chance is not None and chance < rel_med:
         rel_min = max(rel_min, chance)
     flu_min, flu_med = low(flu)
     flu_min = min(flu_min, quantile(flu, low_quantile) - FLUENCY_MIN_MARGIN)
@@ -129,7 +138,7 @@ def insane_because(q: Quality, calibration: Calibration) -> list[str]:
     if q.empty:
         return ["empty"]
     why = []
-    if q.relevance < calibration.relevance_min:
+    if q.relevance < calibration.relevance_min and not q.tool_call:
         why.append(f"relevance {q.relevance:.3f} < {calibration.relevance_min:.3f}")
     if q.fluency is None or q.fluency < calibration.fluency_min:
         shown = "none" if q.fluency is None else f"{q.fluency:.3f}"

@@ -67,6 +67,9 @@ class Reply:
     temperature: float = 1.0
     top_k: int = 0  # with `top_p`: the cut of the distribution the reply was sampled from (`engine/sampling.py`)
     top_p: float = 1.0
+    # The reply is a tool call (its text the call as the model wrote it), not prose for a reader:
+    # relevance and echo say nothing about it (a level-0 task asks for the very line it was given).
+    tool_call: bool = False
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
@@ -101,11 +104,12 @@ class Quality:
     echo: bool = False  # `echoes`: the reply says nothing the request did not
     refusal: bool = False  # `refuses`: the reply declines and gives nothing else
     foreign: bool = False  # `foreign_script`: it writes in a script the request does not
+    tool_call: bool = False  # `Reply.tool_call`: relevance is not held against it
 
     def to_dict(self) -> dict[str, Any]:
         return {"relevance": self.relevance, "fluency": self.fluency, "repetition": self.repetition,
                 "empty": self.empty, "n_tokens": self.n_tokens, "kl": self.kl, "entropy": self.entropy,
-                "echo": self.echo, "refusal": self.refusal, "foreign": self.foreign}
+                "echo": self.echo, "refusal": self.refusal, "foreign": self.foreign, "tool_call": self.tool_call}
 
 
 TOPIC_TURNS = 2  # user messages a request's topic is read from

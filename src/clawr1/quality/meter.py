@@ -92,8 +92,9 @@ class QualityMeter:
             out.append(Quality(relevance=relevance, fluency=fluency(plain) if plain else None,
                                repetition=repetition(reply.text), empty=reply.empty,
                                n_tokens=len(reply.token_ids), kl=kl, entropy=entropy,
-                               echo=echoes(reply.text, request), refusal=refuses(reply.text, request),
-                               foreign=foreign_script(reply.text, request)))
+                               echo=not reply.tool_call and echoes(reply.text, request),
+                               refusal=not reply.tool_call and refuses(reply.text, request),
+                               foreign=foreign_script(reply.text, request), tool_call=reply.tool_call))
         return out, vectors, requests
 
     def _embed(self, texts: list[str]) -> dict[str, torch.Tensor]:

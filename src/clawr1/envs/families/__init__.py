@@ -38,7 +38,8 @@ _SPLIT_SEED = {"train": 0, "heldout": 1_000_003}
 class Family:
     """One family. `make(rng, level, heldout)` returns (prompt, files, check, solution, template):
     `solution` is {"calls": [{"name", "arguments"}], "answer": str}; `template` names the template
-    used, so the test can prove the splits share none."""
+    used, so the test can prove the splits share none. `tools`: the env's tools its tasks offer
+    (None: all), the ones a family's tasks need, as an agent built for one job offers."""
 
     name: str
     env: str
@@ -46,6 +47,7 @@ class Family:
     make: Callable[[random.Random, int, bool], tuple[str, dict[str, str], dict, dict, str]]
     train_size: int = 300
     heldout_size: int = 60
+    tools: tuple[str, ...] | None = None
 
 
 def generate(family: str, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
@@ -65,7 +67,7 @@ def generate(family: str, split: str = "train", n: int | None = None, seed: int 
         prompt, files, check, solution, template = fam.make(rng, level, heldout)
         meta = {"family": fam.name, "split": split, "level": level, "template": template, "solution": solution}
         out.append(Task(id=f"{fam.name}-{split}-{seed}-{i}", env=fam.env, prompt=prompt, files=files,
-                        check=check, meta=meta))
+                        check=check, meta=meta, tools=fam.tools))
     return out
 
 

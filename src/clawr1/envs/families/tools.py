@@ -192,15 +192,17 @@ def multi_step(rng: random.Random, level: int, heldout: bool):
     return text + spell(level, calls, heldout), files, check, _solution(calls, answer), f"multi:{kind}"
 
 
+# One family, one kind of tool (multi-step offers all: choosing among them is part of its task).
+_CALC, _STORE = ("calculator",), ("kv_set", "kv_get", "kv_delete", "kv_list")
 FAMILIES = (
     Family("arithmetic", "toolcall", "calculator arithmetic: sums, products, mixed and grouped expressions",
-           arithmetic),
+           arithmetic, tools=_CALC),
     Family("word-problems", "toolcall", "word problems for the calculator: shops, trains, boxes, recipes",
-           word_problems),
+           word_problems, tools=_CALC),
     Family("kv-chores", "toolcall", "key-value store chores: set, update, delete; held out: copy, rename, save",
-           kv_chores),
+           kv_chores, tools=_STORE),
     Family("search-answer", "toolcall", "search the shipped documents, then answer (held-out facts are new)",
-           search_answer, train_size=200),
+           search_answer, train_size=200, tools=("search",)),
     Family("multi-step", "toolcall", "two to four tool calls: calculator+store, store+calculator; held out: "
            "sum of two keys, search+store", multi_step),
 )
