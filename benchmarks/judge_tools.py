@@ -78,18 +78,23 @@ def items(per_split: int = PER_SPLIT) -> list[Item]:
     return out
 
 
-def run(config: Config, console: Console | None = None) -> dict[str, Any]:
-    """Rules alone, the classifier alone and both (the default judge) on the env-labelled turns."""
+def run(config: Config, console: Console | None = None, llm: bool = False, per_split: int = PER_SPLIT) -> dict[str, Any]:
+    """Rules alone, the classifier alone and both (the default judge) on the env-labelled turns;
+    with `llm`, also the configured model as an LLM judge (`reward.m` votes, after the rules), as
+    `clawr1 bench judge` runs it. `per_split`: tasks per family and split (the LLM costs seconds
+    of CPU a vote)."""
     from benchmarks.judge import run as bench
     from clawr1.reward.classifier import ClassifierJudge
     from clawr1.reward.factory import classifier_available
 
     console = console or Console()
-    labelled = items()
+    labelled = items(per_split)
     judges: list[Any] = ["rules", "classifier"]
     if classifier_available():
         alone = ClassifierJudge.load(config.reward.hint_min_chars)
         alone.name = "classifier alone (no rules)"
         judges.append(alone)
+    if llm:
+        judges.append("embedded")
     return bench(config, console, judges=judges, items=labelled,
                  title="Judge on env-labelled tool messages (labels from the envs, never trained on)")

@@ -331,7 +331,9 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
                             micro_batches=tuple(int(m) for m in args.micro_batches.split(",")),
                             grad_checkpointing=args.grad_checkpointing, nproc=args.nproc,
                             finetune=args.finetune)
-    else:  # judge, judge-tools, swap, latency, scale, crash, precision: each module's run(config, console)
+    elif args.what == "judge-tools":
+        numbers = bench.run(config, console, llm=args.llm, per_split=args.per_split)
+    else:  # judge, swap, latency, scale, crash, precision: each module's run(config, console)
         numbers = bench.run(config, console)
     if args.json:
         print(json.dumps(numbers))
@@ -524,6 +526,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gateway: measure every target N times, taking turns; each number the median of its rounds")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="gateway: afterwards, profile one more gateway process and print its N costliest functions")
+    p.add_argument("--llm", action="store_true", help="judge-tools: also the configured model as an LLM judge")
+    p.add_argument("--per-split", type=int, default=16, help="judge-tools: tasks per family and split")
     p.add_argument("--device", default="cpu", help="trainer: torch device of both sides (cpu, cuda, cuda:N)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="trainer: base weights' dtype (LoRA stays float32)")
