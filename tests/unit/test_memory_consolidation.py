@@ -118,11 +118,12 @@ def test_a_step_that_carried_memory_also_trains_the_student_without_it(tiny_mode
 
 def test_an_entry_retires_once_learned_and_comes_back_when_forgotten(tiny_model_dir, tmp_path, engine,
                                                                       generations):
-    """The trainer's measure on the served version decides: an entry the version says unreminded
-    about as the reminded teacher does retires (it leaves the gateways' view of the user's memory);
-    measured again on the steps it retired on, a version that forgot brings it back."""
+    """With the guard off, the trainer's measure on the served version decides: an entry the version
+    says unreminded about as the reminded teacher does retires (it leaves the gateways' view of the
+    user's memory); measured again on the steps it retired on, a version that forgot brings it
+    back. With the guard on, the trainer's measure is recorded and the probes decide."""
     config = config_for(tiny_model_dir, tmp_path, 'trainer.method="opd"', "trainer.kl_coef=0",
-                        "trainer.batch_size=4", "memory.retire_min_tokens=8")
+                        "trainer.batch_size=4", "memory.retire_min_tokens=8", "guard.enabled=false")
     with SQLitePool(tmp_path, config.pool) as pool:
         trainer = Trainer(config, pool, resume=False)
         entry, steps = remembered_steps(pool, engine, generations, 4)
@@ -131,7 +132,8 @@ def test_an_entry_retires_once_learned_and_comes_back_when_forgotten(tiny_model_
         gaps = {entry: {"gap_sum": 0.0, "tokens": 40.0, "steps": [s.step_id for s in steps]}}
         assert trainer.check_memory(gaps, 3) == {"retired": [entry], "restored": []}
         row = pool.memory_entry(entry)
-        assert row["status"] == "retired" and row["checks"] == [{"version": 3, "gap": 0.0, "tokens": 40}]
+        assert row["status"] == "retired"
+        assert row["checks"] == [{"version": 3, "gap": 0.0, "tokens": 40, "source": "trained"}]
         later = pool.memory_changes(changes["entries_rev"], changes["switches_rev"])
         assert [(e["id"], e["status"]) for e in later["entries"]] == [(entry, "retired")]  # out of the prompts
         [due] = pool.memory_recheck()
@@ -152,6 +154,11 @@ def test_an_entry_retires_once_learned_and_comes_back_when_forgotten(tiny_model_
         # Too few tokens never retires, however small the gap.
         few = {entry: {"gap_sum": 0.0, "tokens": 4.0, "steps": ["m1"]}}
         assert trainer.check_memory(few, 5)["retired"] == []
+        # The guard on: the same small gap on enough tokens is recorded, and retires nothing.
+        config.guard.enabled = True
+        assert trainer.check_memory(gaps, 6) == {"retired": [], "restored": []}
+        assert pool.memory_entry(entry)["status"] == "active"
+        assert pool.memory_entry(entry)["checks"][-1] == {"version": 6, "gap": 0.0, "tokens": 40, "source": "trained"}
 
 
 def test_a_new_correction_replaces_a_retired_entry_on_its_topic(open_test_pool):

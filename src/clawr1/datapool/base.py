@@ -209,12 +209,13 @@ class PoolQueue(ABC):
 
     @abstractmethod
     def check_memory(self, version: int, gaps: dict[int, dict[str, Any]], retire_gap: float, return_gap: float,
-                     min_tokens: int) -> dict[str, list[int]]:
-        """The trainer's consolidation measure of memory entries on the served `version` (`gaps`:
-        entry id -> `gap`, nats a token the teacher with the entry finds the replies likelier than
-        the version without it; `tokens`; `steps`, the step ids): recorded per entry (`checks`), an
-        active entry with a small enough gap on enough tokens `retired` (it leaves the prompts), a
-        retired one with a large gap `restored`. Returns the ids of both."""
+                     min_tokens: int, retire: bool = True, source: str = "trained") -> dict[str, list[int]]:
+        """A consolidation measure of memory entries on the served `version` (`gaps`: entry id ->
+        `gap`, nats a token between the version reminded of the entry and not; `tokens`; `steps`,
+        the step ids): recorded per entry (`checks`, with its `source`: `trained`, the trainer's
+        rows, or `probes`, the guard's held-out probes), an active entry with a small enough gap on
+        enough tokens `retired` (it leaves the prompts) unless `retire` is False, a retired one with
+        a large gap `restored`. Returns the ids of both."""
 
     @abstractmethod
     def memory_recheck(self, tenant: str | None = None, limit: int = 8) -> list[dict[str, Any]]:

@@ -554,12 +554,12 @@ def forget_memory(conn: sqlite3.Connection, entry_id: int | None, tenant: str | 
 
 
 def check_memory(conn: sqlite3.Connection, version: int, gaps: dict[int, dict[str, Any]], retire_gap: float,
-                 return_gap: float, min_tokens: int) -> dict[str, list[int]]:
-    """Record each entry's consolidation measure on `version` (`gaps`: entry id -> `gap`, nats a
-    token; `tokens`, how many it was measured on; `steps`, the step ids), and act on it: an active
-    entry measured on at least `min_tokens` with a gap at most `retire_gap` either way retires (leaves the
-    prompts at the gateways' next read; its newest steps kept to measure it again on); a retired
-    one whose gap grew past `return_gap` is active again. Returns the ids `retired` and `restored`."""
+                 return_gap: float, min_tokens: int, retire: bool = True, source: str = "trained") -> dict[str, list[int]]:
+    """Record each entry's consolidation measure on `version` (`gaps`: entry id -> `gap`, nats a token,
+    `tokens`, `steps`; `source`: where measured) and act on it: an active entry measured on at least
+    `min_tokens` with a gap at most `retire_gap` either way retires if `retire` (leaves the prompts;
+    its newest steps kept to measure it again on); a retired one whose gap grew past `return_gap` is
+    active again. Returns the ids `retired` and `restored`."""
     out: dict[str, list[int]] = {"retired": [], "restored": []}
     if not gaps:
         return out
@@ -569,11 +569,12 @@ def check_memory(conn: sqlite3.Connection, version: int, gaps: dict[int, dict[st
         if row is None or row[0] not in ("active", "retired"):
             continue  # forgotten, replaced or evicted while the version trained: nothing to decide
         gap, tokens = float(measured["gap"]), int(measured["tokens"])
-        checks = [*json.loads(row[1] or "[]"), {"version": version, "gap": round(gap, 4), "tokens": tokens}]
+        checks = [*json.loads(row[1] or "[]"), {"version": version, "gap": round(gap, 4), "tokens": tokens,
+                                                "source": source}]
         status, retired_on = row[0], row[2]
         # Either sign is a difference: negative, the version unreminded says these replies more
         # readily than the reminded teacher (over-learned, or replies the memory did not shape).
-        if status == "active" and tokens >= min_tokens and abs(gap) <= retire_gap:
+        if retire and status == "active" and tokens >= min_tokens and abs(gap) <= retire_gap:
             status = "retired"
             retired_on = dumps(list(measured.get("steps", ()))[-memory.RECHECK_STEPS:])
             out["retired"].append(entry_id)

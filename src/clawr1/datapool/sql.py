@@ -137,9 +137,9 @@ class SQLPool(DataPool):
         return self._writer.run(partial(ops.forget_memory, entry_id=entry_id, tenant=tenant, user=user))
 
     def check_memory(self, version: int, gaps: dict[int, dict[str, Any]], retire_gap: float, return_gap: float,
-                     min_tokens: int) -> dict[str, list[int]]:
+                     min_tokens: int, retire: bool = True, source: str = "trained") -> dict[str, list[int]]:
         return self._writer.run(partial(ops.check_memory, version=version, gaps=gaps, retire_gap=retire_gap,
-                                        return_gap=return_gap, min_tokens=min_tokens))
+                                        return_gap=return_gap, min_tokens=min_tokens, retire=retire, source=source))
 
     def memory_recheck(self, tenant: str | None = None, limit: int = 8) -> list[dict[str, Any]]:
         return self._read(queries.memory_recheck, tenant, limit)

@@ -41,6 +41,7 @@ from clawr1.core.config import GuardConfig
 from clawr1.core.records import DEFAULT_TENANT, POLICY, adapter_name
 from clawr1.core.types import EngineError
 from clawr1.engine import adapters as store
+from clawr1.guard.memory import probe_gaps
 from clawr1.guard.probes import MIN_PROBES, Probe, ProbeSet, ask, everyday_probes, measure, probes_of, replies_of
 from clawr1.quality import Summary, Verdict, not_worse
 
@@ -172,6 +173,7 @@ class Guard:
         try:
             gens = await ask(self.gw.engine, self.gw.pool, probes.probes, candidate, self._tenant(line),
                              f"v{version}")
+            gaps = await probe_gaps(self.gw.engine, probes.probes, gens, candidate)
         finally:
             await self.gw.engine.unload_adapter(candidate)
         sampled = time.perf_counter()
@@ -197,7 +199,8 @@ class Guard:
                   "base": probes.base.to_dict(), "probe_set": probes.number, "probes": len(probes.probes),
                   "from_traffic": sum(not p.step_id.startswith("builtin-") for p in probes.probes),
                   "seconds": round(time.perf_counter() - started, 2), "sample_s": round(sampled - started, 2),
-                  "measure_s": round(measured - sampled, 2)}
+                  "measure_s": round(measured - sampled, 2),
+                  "memory_gaps": {str(k): round(v["gap"], 4) for k, v in gaps.items()}}
         status = "promoted" if ok else "rejected"
         await asyncio.to_thread(self._record, line.name, version, status, reason, scores)
         line.decided = version
@@ -208,6 +211,13 @@ class Guard:
                         "`clawr1 versions` for why)", line.name, self.rejected_in_a_row[line.name])
         if ok:
             probes.summaries[version] = summary
+            if gaps:  # the served version's need of each reminder, on prompts it never trained on
+                mc = self.gw.config.memory
+                changed = await asyncio.to_thread(self.gw.pool.check_memory, version, gaps, mc.retire_gap,
+                                                  mc.return_gap, mc.retire_min_tokens, True, "probes")
+                if changed["retired"] or changed["restored"]:
+                    log.info("guard: %s v%d retired memory entries %s (not needed on its probes), restored %s",
+                             line.name, version, changed["retired"], changed["restored"])
             if serve:
                 await self._serve(line, version, None, "", path)
         if fallback is not None:  # through the admin's lever: the next poll serves it, the trainer restores it

@@ -48,6 +48,10 @@ class Probe:
     seed: int
     top_p: float = 1.0  # with `top_k`: sampled as the replayed turn was (the users' settings)
     top_k: int = 0
+    # A turn whose prompt carried memory entries is asked without them; these keep the ids of the
+    # entries and the prompt as served, so the guard can measure what each reminder still changes.
+    memory_ids: tuple[int, ...] = ()
+    reminded_ids: list[int] | None = None
 
 
 @dataclass
@@ -71,12 +75,14 @@ def probes_of(steps: list[Step], max_tokens: int, render: Any = None) -> list[Pr
     for step in steps:
         if not any(m.get("role") == "user" for m in step.messages or ()):
             continue
-        messages, prompt_ids = step.messages, step.prompt_ids
+        messages, prompt_ids, memory_ids, reminded = step.messages, step.prompt_ids, (), None
         if render is not None and (step.memory or {}).get("entries"):
             messages = without(step.messages, step.memory)
-            prompt_ids = render(messages, step.tools)
+            prompt_ids, reminded = render(messages, step.tools), list(step.prompt_ids)
+            memory_ids = tuple(int(e["id"]) for e in step.memory["entries"])
         out.append(Probe(step.step_id, messages, step.tools, prompt_ids, step.temperature,
-                         max_tokens, zlib.crc32(step.step_id.encode()), step.top_p, step.top_k))
+                         max_tokens, zlib.crc32(step.step_id.encode()), step.top_p, step.top_k,
+                         memory_ids, reminded))
     return out
 
 

@@ -4,7 +4,8 @@ A step whose prompt carried memory entries (`Step.memory`, `core/memory.py`) als
 more row (`rows`): the same reply after the prompt as the client sent it, taught through OPD by the
 prompt as served. The same rows measure, per entry, what is left to teach (`batch.memory_gaps`);
 after each verdict `check` records those measures, measures retired entries again on the steps
-they retired on, and the pool retires and restores entries from both.
+they retired on, and the pool restores entries from both; it retires them from the trained rows
+only with the guard off (with it on, on the guard's held-out probes: `guard/memory.py`).
 """
 
 from __future__ import annotations
@@ -80,10 +81,14 @@ def check(policy: Policy, pool: Any, config: Config, tc: TrainerConfig, tenant: 
     from them. Returns the ids `retired` and `restored`."""
     mc = config.memory
     out: dict[str, list[int]] = {"retired": [], "restored": []}
-    for version, measured in ((measured_on, memory_gap_means(gaps)), (served, recheck(policy, pool, config, tc, tenant))):
+    # With the guard on, an entry retires on its probes (held-out prompts the version answered
+    # unreminded: `guard.memory`), not on the replies it trained on; the trained rows' measure is
+    # then recorded beside it. A retired entry's recheck can still restore it.
+    for version, measured, retire in ((measured_on, memory_gap_means(gaps), not config.guard.enabled),
+                                      (served, recheck(policy, pool, config, tc, tenant), False)):
         if measured:
             for key, ids in pool.check_memory(version, measured, mc.retire_gap, mc.return_gap,
-                                              mc.retire_min_tokens).items():
+                                              mc.retire_min_tokens, retire=retire).items():
                 out[key] += ids
     if out["retired"] or out["restored"]:
         log.info("memory: v%d retired entries %s (the weights learned them), restored %s (forgotten)",

@@ -49,10 +49,11 @@ class MemoryConfig(_Section):
     token. The step's own row keeps its recorded prompt, memory included, for RL."""
 
     retire_gap: float = Field(0.05, ge=0, le=5)
-    """An entry retires (leaves the prompts, status `retired`) when, over the served version's
-    consolidation rows that carried it, the teacher with the entry finds the replies at most this
-    many nats a token likelier than the version finds them without it: the weights say it without
-    being reminded. Measured each version, from the rows it trains on (no extra sampling)."""
+    """An entry retires (leaves the prompts, status `retired`) when the served version's gap between
+    reminded and unreminded is at most this many nats a token: the weights say it without being
+    reminded. With the guard on, measured on its held-out probes (the version's own unreminded
+    replies, scored reminded and not: `guard/memory.py`); with it off, on the consolidation rows it
+    trains on (the teacher's logprob with the entry minus the version's without it)."""
 
     return_gap: float = Field(0.15, ge=0, le=5)
     """A retired entry comes back (status `active`) when a later version's gap on the steps it was
