@@ -279,9 +279,11 @@ def test_tool_agent_counts_what_its_calls_got_wrong_about_their_form():
         return SimpleNamespace(id="c", system_fingerprint="", choices=[SimpleNamespace(message=message)])
 
     client = SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
-    task = Task(id="t", env="toolcall", prompt="What is 1?", check={"type": "answer_contains", "text": "1"},
+    task = Task(id="t", env="toolcall", prompt="What is 2?", check={"type": "answer_contains", "text": "2"},
                 tools=("calculator",))
     episode = ToolAgentFlow(env_factory=lambda task: ToolCallEnv()).episode(task, client)
     assert episode.mistakes == {"wrong_tool": 1, "bad_arguments": 1, "unparsed_call": 1}
+    # The unparsed call spells out "2", but a call is no answer: not solved.
+    assert episode.outcome == -1.0 and "The result is 2." in episode.final
     assert (episode.turns, episode.tool_calls, episode.tool_errors) == (3, 3, 3)
     assert "a calculator" in seen[0] and "key-value" not in seen[0]  # the system prompt names the task's tools

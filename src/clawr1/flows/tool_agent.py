@@ -50,7 +50,8 @@ class ToolAgentFlow(AgentFlow):
             messages: list[dict[str, Any]] = [{"role": "system", "content": env.system},
                                               {"role": "user", "content": prompt}]
             tools = env.tools() or None
-            final: str | None = None
+            final: str | None = None  # the last reply's text; `answer`, the same unless it was an unparsed call
+            answer: str | None = None
             response = None
             for _ in range(self.max_turns):
                 extra: dict[str, Any] = {"tools": tools} if tools else {}
@@ -60,7 +61,7 @@ class ToolAgentFlow(AgentFlow):
                                                           temperature=self.temperature, **extra)
                 turns += 1
                 reply = response.choices[0].message
-                final = reply.content
+                final = answer = reply.content
                 calls = reply.tool_calls or []
                 message: dict[str, Any] = {"role": "assistant", "content": reply.content or ""}
                 if calls:
@@ -69,7 +70,11 @@ class ToolAgentFlow(AgentFlow):
                 messages.append(message)
                 if not calls:
                     if looks_like_call(reply.content or ""):
+                        # A call in all but form is no answer, though it may spell the result out:
+                        # Qwen re-calls the calculator with the result it was given (`"expression":
+                        # "1848"`), and a checker reading the text would count that as solved.
                         mistakes["unparsed_call"] += 1
+                        answer = None
                     break
                 for call in calls:
                     result = env.call(call.function.name, call.function.arguments)
@@ -77,7 +82,7 @@ class ToolAgentFlow(AgentFlow):
                     if kind := call_mistake(result):
                         mistakes[kind] += 1
                     messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-            return Episode(outcome=env.outcome(final), final=final or "", turns=turns, tool_calls=calls_made,
+            return Episode(outcome=env.outcome(answer), final=final or "", turns=turns, tool_calls=calls_made,
                            tool_errors=errors, last_id=response.id if response else "",
                            version=(response.system_fingerprint or "") if response else "",
                            mistakes=dict(mistakes))
