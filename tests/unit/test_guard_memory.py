@@ -8,6 +8,7 @@ import time
 import httpx
 import pytest
 
+from clawr1.core import memory
 from clawr1.engine import adapters as store
 from tests.conftest import run
 from tests.gateway_helpers import live_gateway, wait_for
@@ -73,3 +74,4 @@ def test_the_guard_measures_each_entry_on_its_probes_and_records_it_on_the_entry
         assert check["source"] == "probes" and check["version"] == 1 and check["tokens"] >= 4
         assert check["gap"] == pytest.approx(gap, abs=1e-4) and abs(gap) > 5  # the reminder still matters
         assert pool.memory_entry(entry["id"])["status"] == "active"
+        assert memory.learned([check]) == f"v1 {check['gap']:+.2f} probes"  # the dashboard's column

@@ -188,7 +188,9 @@ def record(user: str, entries: list[tuple[int, str]], added: str, at: str | None
 
 
 def learned(checks: list[dict[str, Any]], last: int = 6) -> str:
-    """An entry's consolidation measure per version (`checks`), the newest `last`: how much likelier
-    the reminded teacher finds the user's replies than the served version does unreminded, in nats
-    a token (`trainer.loop.check_memory`); near 0, the weights have learned the entry."""
-    return ", ".join(f"v{c['version']} {c['gap']:+.2f}" for c in checks[-last:])
+    """An entry's consolidation measure per version (`checks`), the newest `last`: how much the
+    reminder changes what the version says, in nats a token, on the replies it trained on
+    (`trainer/consolidate.py`) or, marked "probes", on its held-out probes (`guard/memory.py`);
+    near 0, the weights have learned the entry."""
+    return ", ".join(f"v{c['version']} {c['gap']:+.2f}" + (" probes" if c.get("source") == "probes" else "")
+                     for c in checks[-last:])
