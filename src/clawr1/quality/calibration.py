@@ -23,9 +23,9 @@ replies to 44 everyday questions, T=0.7, 64 tokens):
   With both, 16 base replies keep 0.90 of themselves and 0.87 of unseen base replies sane. The
   chance edge counts only when it lies below the base's median relevance: where a reply is as
   close to other requests as to its own (an agent's answers to templated tasks, "1404" to "What is
-  27 * 52?"; Qwen's base on 12 tool tasks: chance 0.54, own median 0.42, so it called all 12 of its
-  own replies insane), relevance cannot tell on- from off-topic there, and the percentile edge
-  alone holds.
+  27 * 52?"; Qwen's base on 12 tool tasks: chance 0.54, own median 0.42, and 7 of its own 12
+  replies fell below the edge), relevance cannot tell on- from off-topic there, and the
+  percentile edge alone holds.
 - A tool call is not prose: relevance and echo are not held against it (a level-0 task asks for
   the very line it gives), and prose replies alone set relevance's range. Fluency, repetition and
   script still apply.
