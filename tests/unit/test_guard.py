@@ -468,7 +468,7 @@ def test_probes_need_a_user_message_and_are_sampled_at_temperature_one_on_a_serv
         return Meter()
 
     monkeypatch.setattr(module, "ask", ask)
-    monkeypatch.setattr(module, "replies_of", lambda probes, gens: [])
+    monkeypatch.setattr(module, "replies_of", lambda probes, gens, engine: [])
     async def measure(meter, probes, gens, calibration):
         return types.SimpleNamespace(sane_rate=1.0)
 

@@ -75,3 +75,25 @@ def test_the_guard_measures_each_entry_on_its_probes_and_records_it_on_the_entry
         assert check["gap"] == pytest.approx(gap, abs=1e-4) and abs(gap) > 5  # the reminder still matters
         assert pool.memory_entry(entry["id"])["status"] == "active"
         assert memory.learned([check]) == f"v1 {check['gap']:+.2f} probes"  # the dashboard's column
+
+
+def test_a_probe_replayed_from_an_agents_turn_measures_a_call_as_a_call():
+    """A probe from an agent's turn offers its tools; a reply that is only a call of one is measured
+    as the call it is (relevance and echo not held against it), as `POST /v1/quality` measures it."""
+    import types
+
+    from clawr1.core.types import Generation
+    from clawr1.engine.chat import ChatFormat
+    from clawr1.guard.probes import Probe, replies_of
+
+    tools = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
+    call = '{"name": "calculator", "arguments": {"expression": "2 + 3"}}'
+    asked = [{"role": "user", "content": "What is 2 + 3?"}]
+    probes = [Probe("a", asked, tools, [1], 1.0, 8, 1), Probe("b", asked, None, [1], 1.0, 8, 2)]
+    gens = [Generation([1], [5], [-0.1], call), Generation([1], [5], [-0.1], "It is 5.")]
+    engine = types.SimpleNamespace(parse=ChatFormat.parse)
+    as_call, prose = replies_of(probes, gens, engine)
+    assert as_call.tool_call and as_call.text == call
+    assert not prose.tool_call and prose.text == "It is 5."
+    [offered_none] = replies_of(probes[1:], gens[:1], engine)  # no tools offered: JSON is text
+    assert not offered_none.tool_call

@@ -64,7 +64,7 @@ def cmd_tasks(args: argparse.Namespace, config: Config) -> int:
 
 def eval_tasks(args: argparse.Namespace, config: Config, base: str, key: str) -> int:
     from clawr1.envs import task_set
-    from clawr1.flows.evaluate import evaluate_tasks
+    from clawr1.flows.evaluate import evaluate_tasks, mistakes_text
 
     tasks = task_set(args.tasks, args.split, args.n, default_split="heldout")
     with Progress(console=err_console, transient=True) as bar:
@@ -84,8 +84,7 @@ def eval_tasks(args: argparse.Namespace, config: Config, base: str, key: str) ->
     console.print(table)
     console.print("served versions: " + ", ".join(f"{v} ({n})" for v, n in served["versions"].items()))
     for who, s in (("served", served), ("base", base_stats)):
-        console.print(f"{who}, form failures per model call: "
-                      + ", ".join(f"{k} {v:.2f}" for k, v in s["mistakes_per_call"].items()))
+        console.print(f"{who}, form failures per model call: {mistakes_text(s)}")
     if result["quality_error"]:
         console.print(f"[yellow]quality not measured:[/yellow] {result['quality_error']}")
     if args.json:

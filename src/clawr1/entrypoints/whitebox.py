@@ -32,7 +32,7 @@ from clawr1.core.records import POLICY
 from clawr1.entrypoints.inprocess import Served, serve_in_process, wait_judged
 from clawr1.envs.base import Task
 from clawr1.flows.base import AgentFlow
-from clawr1.flows.evaluate import TaskEval, evaluate_tasks, grouped
+from clawr1.flows.evaluate import TaskEval, evaluate_tasks, grouped, mistakes_text
 from clawr1.flows.rollouts import NO_KEY, Rollout, RolloutResult, close_session, new_run_id, plan, rollout_url
 from clawr1.reward.types import Judge
 from clawr1.trainer.loop import Trainer
@@ -171,8 +171,7 @@ def _evaluate(served: Served, tasks: list[Task], reference: TaskEval | None, res
              "quality_error": evaluation.quality_error, "runs": [asdict(r) for r in evaluation.served]}
     result.curve.append(point)
     sane = "-" if point["sane_rate"] is None else f"{point['sane_rate']:.2f}"
-    mistakes = ", ".join(f"{k} {v:.2f}" for k, v in numbers["mistakes_per_call"].items())
     console.print(f"held-out v{result.version}: success {point['success']:.2f} "
                   f"[{point['ci95'][0]:.2f}, {point['ci95'][1]:.2f}] over {numbers['n']} tasks, sane {sane}; "
-                  f"per model call: {mistakes}")
+                  f"per model call: {mistakes_text(numbers)}")
     return evaluation

@@ -73,6 +73,11 @@ def stats(runs: Sequence[TaskRun]) -> dict[str, Any]:
             "versions": dict(collections.Counter(r.version for r in runs))}
 
 
+def mistakes_text(numbers: dict[str, Any]) -> str:
+    """`stats`' form failures per model call, as one line prints them."""
+    return ", ".join(f"{kind} {share:.2f}" for kind, share in numbers["mistakes_per_call"].items())
+
+
 def grouped(runs: Sequence[TaskRun]) -> dict[str, Any]:
     """`stats` overall, per family and per (family, level)."""
     fams: dict[str, list[TaskRun]] = collections.defaultdict(list)

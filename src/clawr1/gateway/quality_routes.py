@@ -37,6 +37,7 @@ from clawr1.gateway.schema import request_body
 from clawr1.gateway.service import Caller, Gateway
 from clawr1.quality import Calibration, Quality, Reply, insane_because, summarize
 from clawr1.quality.calibration import MIN_REPLIES
+from clawr1.quality.measures import measured_text
 
 router = APIRouter()
 
@@ -124,9 +125,9 @@ def _reply(gw: Gateway, step: Step) -> Reply:
     """A recorded step as the meter measures it: the reply's text as the client got it, the exact
     sampled ids and their behaviour logprobs. A reply that is only a tool call has no content: the
     call as the model wrote it is what is measured (an agent's last turn may be one), as a call."""
-    content = gw.engine.parse(step.text, step.tools).content
-    return Reply(step.messages, step.text if content is None else content, step.token_ids, step.prompt_ids,
-                 step.logprobs, step.temperature, step.top_k, step.top_p, tool_call=content is None)
+    text, call = measured_text(gw.engine.parse, step.text, step.tools)
+    return Reply(step.messages, text, step.token_ids, step.prompt_ids, step.logprobs, step.temperature,
+                 step.top_k, step.top_p, tool_call=call)
 
 
 async def _calibration(request: Request, gw: Gateway, caller: Caller, meter: Any, steps: list[Step],

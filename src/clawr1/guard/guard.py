@@ -323,7 +323,7 @@ class Guard:
             held = [replace(probe, temperature=1.0, top_p=1.0, top_k=0) for probe in held]
         gens = await ask(self.gw.engine, self.gw.pool, held, None, self._tenant(line), f"set{self.sets}")
         meter = await self.gw.quality_meter()
-        calibration, _ = await meter.calibrate(replies_of(held, gens))
+        calibration, _ = await meter.calibrate(replies_of(held, gens, self.gw.engine))
         unseen = [replace(probe, seed=probe.seed + REFERENCE_SEED) for probe in held]
         base = await measure(meter, unseen, await ask(self.gw.engine, self.gw.pool, unseen, None, self._tenant(line),
                                                       f"set{self.sets}-reference"), calibration)

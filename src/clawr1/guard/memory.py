@@ -2,8 +2,8 @@
 
 A probe replayed from a turn whose prompt carried a user's memory entries is asked without them
 (`probes.probes_of`), so the candidate's reply `y` is what it says unreminded, on a prompt nothing
-trained on. The candidate then scores `y` twice, after the prompt as served (the entries in it)
-and after the prompt as the client sent it. Their mean difference per token,
+trained on. The candidate then scores `y` after the prompt as served (the entries in it); its
+sampled logprobs are those after the prompt as the client sent it. Their mean difference per token,
 log p(y | reminded) - log p(y | unreminded), estimates minus KL(unreminded || reminded) on the
 version's own replies: near 0, the reminder no longer changes what it says, and the entry can
 leave the prompts (`DataPool.check_memory`, `source="probes"`). The trainer's measure on the
@@ -29,11 +29,13 @@ async def probe_gaps(engine: Any, probes: list[Probe], gens: list[Generation], a
     jobs = [(p, g) for p, g in zip(probes, gens, strict=True) if p.memory_ids and p.reminded_ids and g.token_ids]
 
     async def gap(probe: Probe, gen: Generation) -> list[float]:
-        settings = ({"temperature": probe.temperature, "top_k": probe.top_k, "top_p": probe.top_p}
-                    if probe.temperature > 0 else {})  # greedy: a point mass; the model's own distribution
-        reminded, plain = await asyncio.gather(
-            engine.score(probe.reminded_ids, list(gen.token_ids), adapter=adapter, **settings),
-            engine.score(probe.prompt_ids, list(gen.token_ids), adapter=adapter, **settings))
+        if probe.temperature > 0:  # the reply's own logprobs are the unreminded side, exactly (`score`'s contract)
+            settings = {"temperature": probe.temperature, "top_k": probe.top_k, "top_p": probe.top_p}
+            reminded = await engine.score(probe.reminded_ids, list(gen.token_ids), adapter=adapter, **settings)
+            return [a - b for a, b in zip(reminded, gen.logprobs, strict=True)]
+        # greedy: a point mass; both sides under the model's own distribution
+        reminded, plain = await asyncio.gather(engine.score(probe.reminded_ids, list(gen.token_ids), adapter=adapter),
+                                               engine.score(probe.prompt_ids, list(gen.token_ids), adapter=adapter))
         return [a - b for a, b in zip(reminded, plain, strict=True)]
 
     diffs = await asyncio.gather(*(gap(p, g) for p, g in jobs))

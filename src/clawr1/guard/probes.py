@@ -117,9 +117,11 @@ async def ask(engine: Any, pool: Any, probes: list[Probe], adapter: str | None, 
     return gens
 
 
-def replies_of(probes: list[Probe], gens: list[Generation]) -> list[Reply]:
-    return [Reply.from_generation(p.messages, g) for p, g in zip(probes, gens)]
+def replies_of(probes: list[Probe], gens: list[Generation], engine: Any) -> list[Reply]:
+    """The probe replies as the meter measures them, parsed by `engine`: a probe replayed from an
+    agent's turn may be answered with a tool call, measured as one."""
+    return [Reply.from_generation(p.messages, g, parse=engine.parse, tools=p.tools) for p, g in zip(probes, gens)]
 
 
 async def measure(meter: Any, probes: list[Probe], gens: list[Generation], calibration: Calibration) -> Summary:
-    return summarize(await meter.measure(replies_of(probes, gens)), calibration)
+    return summarize(await meter.measure(replies_of(probes, gens, meter.engine)), calibration)

@@ -38,7 +38,7 @@ import collections
 import math
 import re
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,15 +78,26 @@ class Reply:
             raise ValueError(f"temperature must be in (0, 2] (the scoring temperature), got {self.temperature}")
 
     @classmethod
-    def from_generation(cls, messages: list[dict[str, Any]], gen: Generation, drift: bool = True) -> Reply:
+    def from_generation(cls, messages: list[dict[str, Any]], gen: Generation, drift: bool = True,
+                        parse: Callable[..., Any] | None = None, tools: list[dict[str, Any]] | None = None) -> Reply:
         """A reply from an engine's Generation; `drift=False` drops the behaviour logprobs (base replies
-        measured for calibration need no KL, and skipping it saves a scoring pass when T != 1)."""
-        return cls(messages, gen.content, list(gen.token_ids), list(gen.prompt_ids),
-                   list(gen.logprobs) if drift else None, gen.temperature, gen.top_k, gen.top_p)
+        measured for calibration need no KL, and skipping it saves a scoring pass when T != 1).
+        `parse` (an engine's) and the request's `tools`: measured as `measured_text` says."""
+        text, call = measured_text(parse, gen.content, tools) if parse else (gen.content, False)
+        return cls(messages, text, list(gen.token_ids), list(gen.prompt_ids),
+                   list(gen.logprobs) if drift else None, gen.temperature, gen.top_k, gen.top_p, call)
 
     @property
     def empty(self) -> bool:
         return not self.text.strip()
+
+
+def measured_text(parse: Callable[..., Any], text: str, tools: list[dict[str, Any]] | None) -> tuple[str, bool]:
+    """What a reply is measured as, and whether it is a tool call: its content as the client gets it
+    (`parse`: an engine's), or, for a reply that is only a call (no content), the call as the model
+    wrote it (an agent's last turn, a probe replayed from an agent's turn)."""
+    content = parse(text, tools).content
+    return (text, True) if content is None else (content, False)
 
 
 @dataclass(frozen=True)
